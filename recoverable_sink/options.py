@@ -1,0 +1,238 @@
+"""Parse and validate the writer's options and build the librdkafka producer configuration (driver).
+
+The option names are those of Spark's built-in Kafka sink (``kafka.*`` and ``topic``) plus the WAL's.
+Java-client property names that librdkafka spells differently are translated; the ones it cannot honour
+are rejected with what to use instead. Settings that would break the sink's guarantees are rejected too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from recoverable_sink.errors import OptionError
+
+KAFKA_PREFIX = "kafka."
+DEFAULT_WAL_MAX_BYTES = 1 << 30
+DEFAULT_RETENTION_HOURS = 168.0
+DEFAULT_PREFLIGHT_TIMEOUT_MS = 30_000
+
+# What the sink sets unless the user says otherwise. acks/idempotence are also enforced (see below).
+PRODUCER_DEFAULTS: dict[str, str] = {
+    "acks": "all",
+    "enable.idempotence": "true",
+    # librdkafka's default (consistent_random, CRC32) differs from the Java client; murmur2_random is
+    # the one that picks the same partition as the Java producer for the same key.
+    "partitioner": "murmur2_random",
+}
+
+# Java producer property -> librdkafka property (value unchanged unless a converter is given).
+_RENAMED: dict[str, str] = {
+    "max.request.size": "message.max.bytes",
+    "send.buffer.bytes": "socket.send.buffer.bytes",
+    "receive.buffer.bytes": "socket.receive.buffer.bytes",
+}
+
+# Java producer properties librdkafka cannot honour, with what to do instead.
+_REJECTED: dict[str, str] = {
+    "key.serializer": "the sink always writes the key column as bytes (as format('kafka') does); remove it",
+    "value.serializer": "the sink always writes the value column as bytes (as format('kafka') does); remove it",
+    "partitioner.class": "Java partitioners cannot run in librdkafka; set kafka.partitioner instead "
+    "(default murmur2_random, the Java client's hashing)",
+    "interceptor.classes": "Java interceptors cannot run in librdkafka; remove it",
+    "max.block.ms": "librdkafka never blocks the caller; the sink itself waits for queue space, so remove it",
+    "transactional.id": "the sink manages its own producers and gives exactly-once through its WAL; remove it",
+    "ssl.truststore.location": "librdkafka reads PEM files: use kafka.ssl.ca.location",
+    "ssl.truststore.password": "librdkafka reads PEM files: use kafka.ssl.ca.location",
+    "ssl.truststore.type": "librdkafka reads PEM files: use kafka.ssl.ca.location",
+    "ssl.keystore.type": "librdkafka reads a PKCS#12 kafka.ssl.keystore.location or PEM "
+    "kafka.ssl.certificate.location/kafka.ssl.key.location",
+}
+
+_JAAS = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_SENSITIVE = re.compile(r"password|secret|jaas|token|credential|\.pem$|ssl\.key\.", re.IGNORECASE)
+
+_SINK_OPTIONS = {
+    "topic",
+    "wal.path",
+    "wal.maxbytes",
+    "wal.enabled",
+    "wal.retentionhours",
+    "preflight.timeoutms",
+    "summary.path",
+    "test.killafterrecords",
+}
+# Options Spark itself may hand to a streaming sink; they mean nothing here.
+_IGNORED = {"checkpointlocation", "queryname", "path"}
+
+
+def is_sensitive(name: str) -> bool:
+    """True for producer properties whose values are secrets (never logged or put in a message)."""
+    return bool(_SENSITIVE.search(name))
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Everything a task needs to know about one write; pickled from the driver to every task."""
+
+    producer_items: tuple[tuple[str, str], ...]
+    topic: str | None = None
+    wal_path: str | None = None
+    wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES
+    wal_enabled: bool = True
+    retention_seconds: float = DEFAULT_RETENTION_HOURS * 3600
+    preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
+    summary_path: str | None = None
+    kill_after_records: int | None = field(default=None)
+
+    def producer_config(self) -> dict[str, str]:
+        return dict(self.producer_items)
+
+    def redacted_producer_config(self) -> dict[str, str]:
+        return {k: ("***" if is_sensitive(k) else v) for k, v in self.producer_items}
+
+    def secrets(self) -> list[str]:
+        return [v for k, v in self.producer_items if is_sensitive(k) and v]
+
+    def scrub(self, text: str) -> str:
+        """Remove every secret value from a text (an error from librdkafka, say) before it is shown."""
+        for secret in self.secrets():
+            text = text.replace(secret, "***")
+        return text
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.producer_config()["bootstrap.servers"]
+
+    def resolved_wal_path(self) -> str:
+        """The WAL directory on this host: the option, else ``$RECOVERABLE_KAFKA_WAL_PATH``, else one under
+        the user's home (not /tmp, which may not survive a reboot)."""
+        if self.wal_path:
+            return self.wal_path
+        env = os.environ.get("RECOVERABLE_KAFKA_WAL_PATH")
+        return env or os.path.join(os.path.expanduser("~"), ".recoverable_kafka", "wal")
+
+    def __repr__(self) -> str:  # the dataclass default would print secrets
+        return (
+            f"SinkOptions(topic={self.topic!r}, wal_path={self.wal_path!r}, wal_max_bytes={self.wal_max_bytes}, "
+            f"wal_enabled={self.wal_enabled}, producer={self.redacted_producer_config()!r})"
+        )
+
+
+def parse_size(name: str, value: str) -> int:
+    """Parse a byte size such as ``1073741824``, ``512m`` or ``2g``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", value.lower())
+    if not m:
+        raise OptionError(f"option {name}={value!r} is not a size; give bytes, or a number with k, m, g or t")
+    size = int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
+    if size <= 0:
+        raise OptionError(f"option {name}={value!r} must be positive")
+    return size
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name}={value!r} must be true or false")
+
+
+def _parse_number(name: str, value: str, kind: type = float) -> float:
+    try:
+        number = kind(value)
+    except ValueError:
+        raise OptionError(f"option {name}={value!r} must be a number") from None
+    if number < 0:
+        raise OptionError(f"option {name}={value!r} must not be negative")
+    return number
+
+
+def _translate_jaas(value: str) -> dict[str, str]:
+    """Turn a Java ``sasl.jaas.config`` for PLAIN or SCRAM into librdkafka's username/password."""
+    if "PlainLoginModule" not in value and "ScramLoginModule" not in value:
+        raise OptionError(
+            "option kafka.sasl.jaas.config: only PlainLoginModule and ScramLoginModule can be translated for "
+            "librdkafka; set kafka.sasl.username/kafka.sasl.password (or kafka.sasl.oauthbearer.*) instead"
+        )
+    fields = dict(_JAAS.findall(value))
+    if "username" not in fields or "password" not in fields:
+        raise OptionError("option kafka.sasl.jaas.config must give username=\"...\" and password=\"...\"")
+    return {"sasl.username": fields["username"], "sasl.password": fields["password"]}
+
+
+def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
+    conf = dict(PRODUCER_DEFAULTS)
+    for name, value in kafka_options.items():
+        if name in _REJECTED:
+            raise OptionError(f"option kafka.{name} is not supported: {_REJECTED[name]}")
+        if name == "sasl.jaas.config":
+            conf.update(_translate_jaas(value))
+        elif name == "buffer.memory":
+            conf["queue.buffering.max.kbytes"] = str(max(1, int(_parse_number("kafka.buffer.memory", value, int))
+                                                         // 1024))
+        elif name == "ssl.endpoint.identification.algorithm" and value == "":
+            conf[name] = "none"  # Java's empty string means "no hostname check"
+        else:
+            conf[_RENAMED.get(name, name)] = value
+
+    acks = conf.get("acks", "all").strip().lower()
+    if acks not in ("all", "-1"):
+        raise OptionError(
+            f"option kafka.acks={acks} would let Kafka acknowledge a record before it is replicated, so the "
+            "sink could purge from its WAL a record the broker then loses; use acks=all (the default)"
+        )
+    conf["acks"] = "all"
+    if conf.get("enable.idempotence", "true").strip().lower() not in ("true", "1"):
+        raise OptionError(
+            "option kafka.enable.idempotence=false would let librdkafka's own retries write a record twice; "
+            "the sink promises no duplicates, so leave it true (the default)"
+        )
+    if not conf.get("bootstrap.servers", "").strip():
+        raise OptionError(
+            "option kafka.bootstrap.servers is required: give the brokers as host:port[,host:port...]"
+        )
+    return conf
+
+
+def parse_options(options: Mapping[str, str]) -> SinkOptions:
+    """Validate the options of one write and return what the tasks need.
+
+    >>> o = parse_options({"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "events"})
+    >>> o.producer_config()["acks"], o.producer_config()["partitioner"], o.topic
+    ('all', 'murmur2_random', 'events')
+    >>> parse_options({"kafka.bootstrap.servers": "b:9092", "kafka.acks": "1"})
+    Traceback (most recent call last):
+    ...
+    recoverable_sink.errors.OptionError: option kafka.acks=1 would let Kafka acknowledge ...
+    """
+    lowered = {str(k).lower(): str(v) for k, v in options.items()}
+    kafka = {k[len(KAFKA_PREFIX):]: v for k, v in lowered.items() if k.startswith(KAFKA_PREFIX)}
+    unknown = sorted(k for k in lowered if not k.startswith(KAFKA_PREFIX) and k not in _SINK_OPTIONS | _IGNORED)
+    if unknown:
+        raise OptionError(
+            f"unknown option(s) {', '.join(unknown)}: producer settings take the 'kafka.' prefix "
+            f"(kafka.linger.ms, ...); the sink's own options are {', '.join(sorted(_SINK_OPTIONS))}"
+        )
+    topic = lowered.get("topic")
+    if topic is not None and not topic.strip():
+        raise OptionError("option topic is empty: give a topic name, or drop the option and use a topic column")
+    kill_after = lowered.get("test.killafterrecords")
+    return SinkOptions(
+        producer_items=tuple(sorted(_producer_config(kafka).items())),
+        topic=topic,
+        wal_path=lowered.get("wal.path") or None,
+        wal_max_bytes=parse_size("wal.maxBytes", lowered.get("wal.maxbytes", str(DEFAULT_WAL_MAX_BYTES))),
+        wal_enabled=_parse_bool("wal.enabled", lowered.get("wal.enabled", "true")),
+        retention_seconds=_parse_number(
+            "wal.retentionHours", lowered.get("wal.retentionhours", str(DEFAULT_RETENTION_HOURS))
+        ) * 3600,
+        preflight_timeout_s=_parse_number(
+            "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
+        ) / 1000,
+        summary_path=lowered.get("summary.path") or None,
+        kill_after_records=int(_parse_number("test.killAfterRecords", kill_after, int)) if kill_after else None,
+    )

@@ -1,0 +1,43 @@
+"""Checks made on the driver before any task runs: the producer configuration is one librdkafka accepts,
+the brokers answer, and the ``topic`` option names a topic that exists."""
+
+from __future__ import annotations
+
+import re
+
+from confluent_kafka import KafkaException, Producer
+
+from recoverable_sink.errors import OptionError
+from recoverable_sink.options import SinkOptions
+
+_PROPERTY = re.compile(r'property "?([\w.]+)"?|configuration property: \'?([\w.]+)\'?')
+
+
+def check_cluster(options: SinkOptions) -> None:
+    """Raise an OptionError naming the option at fault if a task could not possibly succeed."""
+    try:
+        producer = Producer(options.producer_config())
+    except KafkaException as exc:
+        text = options.scrub(exc.args[0].str() if exc.args else str(exc))
+        m = _PROPERTY.search(text)
+        name = f"kafka.{m.group(1) or m.group(2)}" if m else "a kafka.* option"
+        raise OptionError(f"{name} is not valid for the producer (librdkafka): {text}; fix or remove it") from None
+    try:
+        try:
+            metadata = producer.list_topics(options.topic, timeout=options.preflight_timeout_s)
+        except KafkaException as exc:
+            raise OptionError(
+                f"cannot reach kafka.bootstrap.servers={options.bootstrap_servers} within "
+                f"{options.preflight_timeout_s:g}s ({options.scrub(str(exc.args[0].str()))}); check the address, "
+                "that the brokers are up and the kafka.security.* settings (preflight.timeoutMs sets the wait)"
+            ) from None
+        if options.topic is not None:
+            topic = metadata.topics.get(options.topic)
+            if topic is None or topic.error is not None:
+                reason = topic.error.str() if topic is not None and topic.error is not None else "not in metadata"
+                raise OptionError(
+                    f"option topic={options.topic}: the topic does not exist or is not accessible ({reason}); "
+                    "create it first (the sink does not rely on broker auto-creation)"
+                )
+    finally:
+        producer.flush(0)
