@@ -271,6 +271,19 @@ def _wal_error(path: str, exc: BaseException) -> WalError:
     return WalError(f"WAL {path}: {text}")
 
 
+def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
+    """A data file shorter than the pages LMDB's meta page says are in use was truncated (a copy cut short, a
+    full disk); reading it through the memory map would kill the process with SIGBUS, so refuse it here."""
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = os.path.getsize(os.path.join(path, "data.mdb"))
+    if size < needed:
+        env.close()
+        raise WalCorruptionError(
+            f"WAL {path}: data.mdb is truncated ({size} bytes, the log needs {needed}); nothing in it is "
+            "replayed or skipped blindly. Move the directory aside and re-run the write from its source"
+        )
+
+
 def open_wal(path: str) -> Wal:
     """Open (once per process) the WAL under ``path``, creating it with owner-only permissions."""
     path = os.path.abspath(path)
@@ -296,5 +309,6 @@ def open_wal(path: str) -> Wal:
         file = os.path.join(path, name)
         if os.path.exists(file):
             os.chmod(file, 0o600)
+    _check_not_truncated(path, env)
     _envs[path] = env
     return Wal(path, env)

@@ -1,0 +1,83 @@
+"""Option parsing: Java-client names are translated, guarantee-breaking settings refused, secrets hidden."""
+
+import pytest
+
+from recoverable_sink.errors import OptionError
+from recoverable_sink.options import parse_options, parse_size
+
+BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "t"}
+
+
+def test_safe_producer_defaults_are_set():
+    conf = parse_options(BASE).producer_config()
+    assert conf["acks"] == "all"
+    assert conf["enable.idempotence"] == "true"
+    assert conf["partitioner"] == "murmur2_random"
+
+
+def test_user_kafka_setting_wins_when_it_keeps_the_guarantees():
+    conf = parse_options({**BASE, "kafka.linger.ms": "20", "kafka.compression.type": "lz4",
+                          "kafka.partitioner": "consistent_random"}).producer_config()
+    assert (conf["linger.ms"], conf["compression.type"], conf["partitioner"]) == ("20", "lz4", "consistent_random")
+
+
+def test_java_client_names_are_translated_to_librdkafka():
+    conf = parse_options({**BASE, "kafka.max.request.size": "2000000", "kafka.buffer.memory": "33554432",
+                          "kafka.send.buffer.bytes": "131072"}).producer_config()
+    assert conf["message.max.bytes"] == "2000000"
+    assert conf["queue.buffering.max.kbytes"] == "32768"
+    assert conf["socket.send.buffer.bytes"] == "131072"
+    assert "max.request.size" not in conf
+
+
+def test_jaas_config_becomes_username_and_password():
+    jaas = 'org.apache.kafka.common.security.plain.PlainLoginModule required username="alice" password="s3cr3t!";'
+    conf = parse_options({**BASE, "kafka.sasl.jaas.config": jaas}).producer_config()
+    assert (conf["sasl.username"], conf["sasl.password"]) == ("alice", "s3cr3t!")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "named"),
+    [
+        ("kafka.acks", "1", "kafka.acks=1"),
+        ("kafka.acks", "0", "kafka.acks=0"),
+        ("kafka.enable.idempotence", "false", "kafka.enable.idempotence=false"),
+        ("kafka.key.serializer", "org.apache.kafka.common.serialization.StringSerializer", "kafka.key.serializer"),
+        ("kafka.value.serializer", "x", "kafka.value.serializer"),
+        ("kafka.partitioner.class", "com.example.P", "kafka.partitioner.class"),
+        ("kafka.transactional.id", "t1", "kafka.transactional.id"),
+        ("kafka.ssl.truststore.location", "/x.jks", "kafka.ssl.ca.location"),
+        ("wal.maxBytes", "lots", "wal.maxBytes"),
+        ("wal.enabled", "maybe", "wal.enabled"),
+        ("walpath", "/x", "walpath"),
+        ("topic", " ", "option topic is empty"),
+    ],
+)
+def test_bad_options_are_refused_with_the_option_named(option, value, named):
+    with pytest.raises(OptionError, match=named.replace(".", r"\.").replace("=", "=")):
+        parse_options({**BASE, option: value})
+
+
+def test_missing_bootstrap_servers_is_named():
+    with pytest.raises(OptionError, match=r"kafka\.bootstrap\.servers is required"):
+        parse_options({"topic": "t"})
+
+
+def test_options_are_case_insensitive_like_spark():
+    opts = parse_options({**BASE, "WAL.MAXBYTES": "2m", "wal.Path": "/data/wal"})
+    assert opts.wal_max_bytes == 2 * 1024 * 1024
+    assert opts.wal_path == "/data/wal"
+
+
+def test_sizes_accept_units():
+    assert parse_size("wal.maxBytes", "512") == 512
+    assert parse_size("wal.maxBytes", "3k") == 3072
+    assert parse_size("wal.maxBytes", "1g") == 1 << 30
+
+
+def test_secrets_never_appear_in_repr_or_scrubbed_text():
+    opts = parse_options({**BASE, "kafka.sasl.password": "hunter2-secret", "kafka.ssl.key.password": "kp-99"})
+    assert "hunter2-secret" not in repr(opts)
+    assert "kp-99" not in repr(opts)
+    assert opts.redacted_producer_config()["sasl.password"] == "***"
+    assert opts.scrub("auth failed for hunter2-secret") == "auth failed for ***"
