@@ -10,7 +10,26 @@ from confluent_kafka import KafkaException, Producer
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import SinkOptions
 
-_PROPERTY = re.compile(r'property "?([\w.]+)"?|configuration property: \'?([\w.]+)\'?')
+_PROPERTY = re.compile(r"""property:? ["']?([\w.]+)""")
+# librdkafka names a property by its canonical name; users often write the alias (the Java client's name).
+_ALIASES = {
+    "queue.buffering.max.ms": "linger.ms",
+    "message.timeout.ms": "delivery.timeout.ms",
+    "message.send.max.retries": "retries",
+    "max.in.flight.requests.per.connection": "max.in.flight",
+    "compression.codec": "compression.type",
+    "request.required.acks": "acks",
+    "metadata.broker.list": "bootstrap.servers",
+}
+
+
+def _option_name(property_name: str, options: SinkOptions) -> str:
+    """The user's own ``kafka.*`` spelling of a property librdkafka complained about."""
+    conf = options.producer_config()
+    for name in (property_name, _ALIASES.get(property_name, "")):
+        if name and name in conf:
+            return f"kafka.{name}"
+    return f"kafka.{property_name}"
 
 
 def check_cluster(options: SinkOptions) -> None:
@@ -20,7 +39,7 @@ def check_cluster(options: SinkOptions) -> None:
     except KafkaException as exc:
         text = options.scrub(exc.args[0].str() if exc.args else str(exc))
         m = _PROPERTY.search(text)
-        name = f"kafka.{m.group(1) or m.group(2)}" if m else "a kafka.* option"
+        name = _option_name(m.group(1), options) if m else "a kafka.* option"
         raise OptionError(f"{name} is not valid for the producer (librdkafka): {text}; fix or remove it") from None
     try:
         try:

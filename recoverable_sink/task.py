@@ -184,7 +184,8 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
     if wal is not None:
         priors = wal.prior_attempts(ident.write_id, ident.partition, own_key="")
         replay = ReplayPlan(wal, priors)
-        attempt_key = wal.begin_attempt(ident.write_id, ident.partition, ident.attempt, ident.extra)
+        attempt_key = wal.begin_attempt(ident.write_id, ident.partition, ident.attempt,
+                                        {**ident.extra, "topic": plan.topic_option})
         if priors:
             log.info("%s: found %d earlier attempt(s) in WAL %s; re-sending only what Kafka never acknowledged",
                      where, len(priors), wal.path)

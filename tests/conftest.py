@@ -1,0 +1,79 @@
+"""Shared fixtures: one real Kafka broker and one SparkSession per test session; a 3-broker cluster only for
+the tests that ask for it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from devtools.kafka_local import REPO, KafkaCluster
+
+BUILD = REPO / "build" / "test-kafka"
+SPARK_JARS = REPO / "build" / "spark-jars"
+LOG4J = REPO / "spark_conf" / "log4j2.properties"
+
+# The Python workers must run this interpreter (the virtualenv's), or they will not find pyarrow and lmdb.
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def _cluster(name: str, brokers: int) -> Iterator[KafkaCluster]:
+    root = BUILD / name
+    KafkaCluster(root, brokers).wipe() if root.exists() else None
+    shutil.rmtree(root, ignore_errors=True)
+    cluster = KafkaCluster(root, brokers).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[KafkaCluster]:
+    """One real Apache Kafka broker (KRaft) on a free 127.0.0.1 port for the whole session."""
+    yield from _cluster("single", 1)
+
+
+@pytest.fixture(scope="session")
+def kafka3() -> Iterator[KafkaCluster]:
+    """Three brokers (RF 3, min.insync.replicas 2), started only by the tests that need them."""
+    yield from _cluster("three", 3)
+
+
+@pytest.fixture
+def new_topic(kafka: KafkaCluster) -> Callable[..., str]:
+    """Create a fresh, uniquely named topic on the session broker."""
+
+    def make(partitions: int = 1, **config: str) -> str:
+        return kafka.create_topic(f"t-{uuid.uuid4().hex[:12]}", partitions, 1, config or None)
+
+    return make
+
+
+def spark_jars() -> str:
+    return ",".join(str(p) for p in sorted(SPARK_JARS.glob("*.jar")))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One SparkSession for the suite: local[2,4] so a failed task is retried (up to 4 attempts)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("recoverable-sink-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.jars", spark_jars())
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,149 @@
+"""Bad input gets a clear error naming the column, option or record, raised on the driver (before any task
+runs) where the schema or options allow, and nothing accepted is lost."""
+
+import os
+
+import pytest
+from pyspark.sql import functions as F
+
+from devtools.kafka_check import read_topic
+from recoverable_sink import RecoverableKafkaDataSource
+from recoverable_sink.wal import open_wal
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered(spark):
+    spark.dataSource.register(RecoverableKafkaDataSource)
+
+
+def write(df, bootstrap, wal, topic=None, mode="append", **options):
+    writer = df.write.format("recoverable_kafka").option("kafka.bootstrap.servers", bootstrap)
+    writer = writer.option("wal.path", str(wal))
+    if topic:
+        writer = writer.option("topic", topic)
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    writer.mode(mode).save()
+
+
+def assert_driver_side(wal):
+    """No task ran: tasks create the WAL directory before anything else."""
+    assert not os.path.exists(wal)
+
+
+@pytest.mark.parametrize(
+    ("select", "match"),
+    [
+        (["CAST(id AS STRING) AS key"], "needs a value column"),
+        (["id AS value"], "column value has type bigint"),
+        (["id AS key", "CAST(id AS STRING) AS value"], "column key has type bigint"),
+        (["CAST(id AS STRING) AS value", "array(named_struct('key', 'k', 'value', 'v')) AS headers"],
+         "column headers has type array<struct<key:string,value:string>>"),
+        (["CAST(id AS STRING) AS value", "CAST(id AS BIGINT) AS partition"], "column partition has type bigint"),
+        (["CAST(id AS STRING) AS value", "id AS extra"], "column.*extra are not part of the Kafka sink schema"),
+    ],
+)
+def test_schema_problems_fail_on_the_driver(spark, kafka, new_topic, tmp_path, select, match):
+    wal = tmp_path / "wal"
+    with pytest.raises(Exception, match=match):
+        write(spark.range(3).selectExpr(*select), kafka.bootstrap_servers, wal, new_topic())
+    assert_driver_side(wal)
+
+
+def test_missing_topic_fails_on_the_driver(spark, kafka, tmp_path):
+    with pytest.raises(Exception, match="no topic: set the topic option or add a topic column"):
+        write(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), kafka.bootstrap_servers, tmp_path / "wal")
+    assert_driver_side(tmp_path / "wal")
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"kafka.acks": "1"}, r"kafka\.acks=1 would let Kafka acknowledge"),
+        ({"kafka.linger.ms": "soon"}, r"kafka\.linger\.ms is not valid"),
+        ({"kafka.no.such.setting": "1"}, r"kafka\.no\.such\.setting is not valid"),
+        ({"kafka.value.serializer": "x"}, r"kafka\.value\.serializer is not supported"),
+        ({"wal.maxBytes": "-5"}, r"wal\.maxBytes"),
+    ],
+)
+def test_bad_options_fail_on_the_driver(spark, kafka, new_topic, tmp_path, options, match):
+    with pytest.raises(Exception, match=match):
+        write(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), kafka.bootstrap_servers,
+              tmp_path / "wal", new_topic(), **options)
+    assert_driver_side(tmp_path / "wal")
+
+
+def test_unknown_topic_fails_on_the_driver(spark, kafka, tmp_path):
+    with pytest.raises(Exception, match="option topic=no-such-topic: the topic does not exist"):
+        write(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), kafka.bootstrap_servers,
+              tmp_path / "wal", "no-such-topic")
+    assert_driver_side(tmp_path / "wal")
+
+
+def test_unreachable_bootstrap_servers_fail_on_the_driver(spark, tmp_path):
+    with pytest.raises(Exception, match=r"cannot reach kafka\.bootstrap\.servers=127\.0\.0\.1:1 within 2s"):
+        write(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), "127.0.0.1:1", tmp_path / "wal", "t",
+              **{"preflight.timeoutMs": "2000"})
+    assert_driver_side(tmp_path / "wal")
+
+
+@pytest.mark.parametrize(("mode", "match"), [("overwrite", "save mode Overwrite is not supported"),
+                                             ("ignore", "Ignore"), ("errorifexists", "ErrorIfExists")])
+def test_save_modes_other_than_append_are_refused(spark, kafka, new_topic, tmp_path, mode, match):
+    with pytest.raises(Exception, match=match):
+        write(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), kafka.bootstrap_servers,
+              tmp_path / "wal", new_topic(), mode=mode)
+    assert_driver_side(tmp_path / "wal")
+
+
+# ---- problems only the data shows: raised in the task, before the offending batch enters the WAL ----------
+
+def test_null_topic_in_a_row_names_the_record(spark, kafka, new_topic, tmp_path):
+    df = spark.range(10, numPartitions=1).select(
+        F.col("id").cast("string").alias("value"),
+        F.when(F.col("id") == 7, F.lit(None)).otherwise(F.lit(new_topic())).alias("topic"))
+    with pytest.raises(Exception, match="record 7: topic is null"):
+        write(df, kafka.bootstrap_servers, tmp_path / "wal")
+
+
+def test_partition_out_of_range_names_record_and_topic(spark, kafka, new_topic, tmp_path):
+    topic = new_topic(partitions=2)
+    df = spark.range(5, numPartitions=1).selectExpr("CAST(id AS STRING) AS value", "CAST(id AS INT) AS partition")
+    with pytest.raises(Exception, match=f"record 2: partition 2 is out of range for topic {topic}, which has 2"):
+        write(df, kafka.bootstrap_servers, tmp_path / "wal", topic)
+
+
+def test_topic_column_naming_a_missing_topic_names_it(spark, kafka, tmp_path):
+    df = spark.range(3, numPartitions=1).selectExpr("CAST(id AS STRING) AS value", "'missing-topic-x' AS topic")
+    with pytest.raises(Exception, match="topic missing-topic-x does not exist"):
+        write(df, kafka.bootstrap_servers, tmp_path / "wal")
+
+
+def test_record_larger_than_message_max_bytes_names_the_record(spark, kafka, new_topic, tmp_path):
+    df = spark.range(4, numPartitions=1).selectExpr(
+        "CASE WHEN id = 3 THEN repeat('x', 20000) ELSE 'small' END AS value")
+    with pytest.raises(Exception, match=r"record 3: key\+value is 20000 bytes.*message\.max\.bytes=10000"):
+        write(df, kafka.bootstrap_servers, tmp_path / "wal", new_topic(), **{"kafka.message.max.bytes": "10000"})
+
+
+def test_wal_path_that_cannot_be_created_is_named(spark, kafka, new_topic, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(Exception, match=r"wal\.path=.*a-file/wal cannot be created"):
+        write(spark.range(3).selectExpr("CAST(id AS STRING) AS value"), kafka.bootstrap_servers,
+              blocker / "wal", new_topic())
+
+
+def test_wal_bound_is_a_clear_error_and_accepted_records_stay(spark, kafka, new_topic, tmp_path):
+    topic = new_topic()
+    df = spark.range(30_000, numPartitions=1).selectExpr("CAST(id AS STRING) AS value", "repeat('p', 100) AS key")
+    with pytest.raises(Exception, match=r"would pass wal\.maxBytes=2000000; nothing was dropped"):
+        write(df, kafka.bootstrap_servers, tmp_path / "wal", topic, **{"wal.maxBytes": "2000000"})
+    wal = open_wal(str(tmp_path / "wal"))
+    attempts = wal.attempts()
+    assert attempts, "the failed attempts' logs stay in the WAL"
+    stored = {seg.first for a in attempts for seg in wal.segments(a.key)}
+    assert stored and 0 < wal.used_bytes() <= 2_000_000
+    # What was accepted was published once: every attempt after the first skipped what the first delivered.
+    values = [r["value"] for r in read_topic(kafka.bootstrap_servers, topic, 30)]
+    assert len(values) == len(set(values)) > 0

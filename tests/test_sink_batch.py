@@ -1,0 +1,142 @@
+"""The batch sink on real Spark (local[2,4]) and a real broker: round trip, partitioning, crash, hygiene."""
+
+import datetime as dt
+import json
+import os
+
+import pytest
+from pyspark.sql import Row
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from devtools.kafka_check import read_topic
+from recoverable_sink import RecoverableKafkaDataSource
+from recoverable_sink.wal import open_wal
+
+HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered(spark):
+    spark.dataSource.register(RecoverableKafkaDataSource)
+
+
+def sink(df, kafka, tmp_path, topic=None, **options):
+    writer = (df.write.format("recoverable_kafka")
+              .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+              .option("wal.path", str(tmp_path / "wal"))
+              .option("summary.path", str(tmp_path / "summary.jsonl")))
+    if topic is not None:
+        writer = writer.option("topic", topic)
+    for k, v in options.items():
+        writer = writer.option(k.replace("_", "."), v)
+    writer.mode("append").save()
+    lines = (tmp_path / "summary.jsonl").read_text().splitlines()
+    return json.loads(lines[-1])
+
+
+def test_round_trip_keeps_every_field(spark, kafka, new_topic, tmp_path):
+    topic = new_topic(partitions=3)
+    ts = dt.datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=dt.UTC)
+    schema = StructType([
+        StructField("key", BinaryType()), StructField("value", BinaryType()),
+        StructField("partition", IntegerType()), StructField("headers", HEADERS),
+        StructField("timestamp", TimestampType()),
+    ])
+    rows = [
+        Row(key=b"\x00\xffk1", value=b"\x01binary", partition=2, headers=[("h1", b"v1"), ("h2", None)], timestamp=ts),
+        Row(key=None, value=b"null-key", partition=0, headers=None, timestamp=None),
+        Row(key=b"k3", value=None, partition=1, headers=[], timestamp=ts),
+    ]
+    summary = sink(spark.createDataFrame(rows, schema), kafka, tmp_path, topic)
+    got = sorted(read_topic(kafka.bootstrap_servers, topic, timeout_s=30, expected=3), key=lambda r: r["partition"])
+    assert [(r["partition"], r["key"], r["value"]) for r in got] == [
+        (0, None, b"null-key"), (1, b"k3", None), (2, b"\x00\xffk1", b"\x01binary")]
+    assert got[2]["headers"] == [("h1", b"v1"), ("h2", None)]
+    assert not got[0]["headers"]
+    assert got[2]["timestamp"] == int(ts.timestamp() * 1000)
+    assert got[1]["timestamp"] == int(ts.timestamp() * 1000)
+    assert summary["received"] == summary["acknowledged"] == 3
+
+
+def test_string_columns_and_topic_column_route_each_row(spark, kafka, new_topic, tmp_path):
+    a, b = new_topic(), new_topic()
+    df = spark.createDataFrame([("k1", "v1", a), ("k2", "v2", b), ("k3", "v3", a)],
+                               "key string, value string, topic string")
+    sink(df, kafka, tmp_path)
+    assert sorted((r["key"], r["value"]) for r in read_topic(kafka.bootstrap_servers, a, 30, expected=2)) == [
+        (b"k1", b"v1"), (b"k3", b"v3")]
+    assert [(r["key"], r["value"]) for r in read_topic(kafka.bootstrap_servers, b, 30, expected=1)] == [(b"k2", b"v2")]
+
+
+def test_topic_option_overrides_the_topic_column(spark, kafka, new_topic, tmp_path):
+    chosen, ignored = new_topic(), new_topic()
+    df = spark.createDataFrame([("v1", ignored)], "value string, topic string")
+    sink(df, kafka, tmp_path, chosen)
+    assert [r["value"] for r in read_topic(kafka.bootstrap_servers, chosen, 30, expected=1)] == [b"v1"]
+    assert read_topic(kafka.bootstrap_servers, ignored, 10) == []
+
+
+def test_same_partitions_as_the_java_client_for_the_same_keys(spark, kafka, new_topic, tmp_path):
+    """Spark's own format("kafka") (kafka-clients' default partitioner) is the independent reference."""
+    ours, reference = new_topic(partitions=7), new_topic(partitions=7)
+    df = spark.range(2000).select(F.concat(F.lit("user-"), F.col("id").cast("string")).alias("key"),
+                                  F.col("id").cast("string").alias("value"))
+    sink(df, kafka, tmp_path, ours)
+    (df.write.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+     .option("topic", reference).mode("append").save())
+    placed = {r["key"]: r["partition"] for r in read_topic(kafka.bootstrap_servers, ours, 60, expected=2000)}
+    expected = {r["key"]: r["partition"] for r in read_topic(kafka.bootstrap_servers, reference, 60, expected=2000)}
+    assert len(placed) == 2000
+    assert placed == expected
+    assert len(set(placed.values())) == 7
+
+
+def test_wal_is_empty_after_a_successful_write(spark, kafka, new_topic, tmp_path):
+    topic = new_topic(partitions=2)
+    summary = sink(spark.range(5000, numPartitions=3).selectExpr("CAST(id AS STRING) AS value"), kafka, tmp_path, topic)
+    wal = open_wal(str(tmp_path / "wal"))
+    assert wal.attempts() == []
+    assert wal.used_bytes() == 0
+    assert summary["received"] == summary["published"] == summary["acknowledged"] == 5000
+    assert summary["partitions"] == 3 and summary["failed_partitions"] == 0
+
+
+def test_killed_python_worker_is_retried_and_every_record_lands_once(spark, kafka, new_topic, tmp_path):
+    """A real SIGKILL of the Python worker after 6,000 of a partition's 20,000 records were acknowledged."""
+    topic = new_topic(partitions=3)
+    df = spark.range(40_000, numPartitions=2).selectExpr("CAST(id % 97 AS STRING) AS key",
+                                                         "CAST(id AS STRING) AS value")
+    summary = sink(df, kafka, tmp_path, topic, test_killAfterRecords="6000")
+    assert summary["retried_partitions"] == 2
+    assert summary["skipped"] >= 2 * 6000
+    assert summary["received"] == 40_000
+    assert summary["published"] + summary["skipped"] == 40_000
+    values = [r["value"] for r in read_topic(kafka.bootstrap_servers, topic, 60, expected=40_000)]
+    assert len(values) == 40_000
+    assert len(set(values)) == 40_000
+    assert open_wal(str(tmp_path / "wal")).attempts() == []
+
+
+def test_auto_registration_module_exposes_the_data_source():
+    import pyspark_recoverable_kafka
+
+    assert pyspark_recoverable_kafka.DefaultSource is RecoverableKafkaDataSource
+    assert pyspark_recoverable_kafka.DefaultSource.name() == "recoverable_kafka"
+
+
+def test_wal_off_still_delivers_everything(spark, kafka, new_topic, tmp_path):
+    topic = new_topic()
+    summary = sink(spark.range(3000).selectExpr("CAST(id AS STRING) AS value"), kafka, tmp_path, topic,
+                   wal_enabled="false")
+    assert summary["acknowledged"] == 3000
+    assert not os.path.exists(tmp_path / "wal")
+    assert len(read_topic(kafka.bootstrap_servers, topic, 30, expected=3000)) == 3000
