@@ -156,7 +156,8 @@ class KafkaCluster:
     def wait_ready(self, brokers: int, timeout_s: float = 90) -> None:
         """Wait until the cluster's metadata lists ``brokers`` brokers (a deadline, not a sleep)."""
         deadline = time.monotonic() + timeout_s
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        # log_level 0: "connection refused" while the broker boots is expected, not worth a line.
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
         seen = 0
         while time.monotonic() < deadline:
             try:

@@ -1,0 +1,53 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+STAMP_PY := build/.stamp-python
+STAMP_JARS := build/.stamp-jars
+
+# Spark's Python workers must run the virtualenv's interpreter, or they will not find pyarrow and lmdb.
+export PYSPARK_PYTHON := $(abspath $(PYTHON))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PYTHON))
+
+.PHONY: setup kafka-up kafka-down demo test chaos bench lint clean
+
+setup: $(STAMP_PY) $(STAMP_JARS)
+
+$(STAMP_PY): pyproject.toml
+	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -e '.[test]'
+	@mkdir -p build && touch $@
+
+# The broker and Spark's Kafka connector, resolved from Maven Central (no Docker, no tarball).
+$(STAMP_JARS): jars/broker-pom.xml jars/spark-kafka-pom.xml
+	rm -rf build/kafka/libs build/spark-jars
+	mvn -q -B -f jars/broker-pom.xml package
+	mvn -q -B -f jars/spark-kafka-pom.xml package
+	@mkdir -p build && touch $@
+
+kafka-up: setup
+	$(PYTHON) -m devtools.kafka_local up
+
+kafka-down: setup
+	$(PYTHON) -m devtools.kafka_local down
+
+demo: setup
+	$(PYTHON) -m demo.demo
+
+test: setup
+	$(PYTHON) -m pytest -q
+
+chaos: setup
+	$(PYTHON) -m chaos.run
+
+bench: setup
+	$(PYTHON) -m bench.run
+
+lint: setup
+	$(PYTHON) -m ruff check .
+
+clean:
+	-$(PYTHON) -m devtools.kafka_local down
+	rm -rf build
