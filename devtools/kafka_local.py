@@ -1,11 +1,11 @@
 """Start real Apache Kafka brokers (KRaft, ``kafka.Kafka`` from Maven Central's jars) on 127.0.0.1.
 
 Used by ``make kafka-up``/``kafka-down``, the tests' fixtures, the demo, the chaos campaign and the
-benchmark. No Docker: the jars come from ``jars/broker-pom.xml`` (``make setup``) into build/kafka/libs.
+benchmark. No Docker: ``make setup`` resolves the jars from ``jars/broker-pom.xml`` into build/kafka/libs.
 
     python -m devtools.kafka_local up      # one broker on 127.0.0.1:${KAFKA_PORT:-9092}, idempotent
-    python -m devtools.kafka_local down
-    python -m devtools.kafka_local status
+    python -m devtools.kafka_local down    # idempotent
+    python -m devtools.kafka_local status  # exit 0 when up, 1 when not
 """
 
 from __future__ import annotations
@@ -24,15 +24,18 @@ import uuid
 from pathlib import Path
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 log = logging.getLogger("devtools.kafka_local")
 
 REPO = Path(__file__).resolve().parent.parent
 LIBS = REPO / "build" / "kafka" / "libs"
+LOCAL_ROOT = REPO / "build" / "kafka" / "local"
+JVM_HEAP = ["-Xms256m", "-Xmx512m"]
 
 
 def free_port() -> int:
+    """A port that is free on 127.0.0.1 now (the kernel picks it when binding to port 0)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -43,53 +46,134 @@ def _pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:  # exists, but someone else's
+        return True
     try:  # a zombie (exited, not yet reaped) is not alive
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
     except OSError:
         return False
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _new_cluster_id() -> str:
+    # Kafka's own Uuid.randomUuid() never starts with "-" so that it cannot be read as a CLI flag; same here.
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+def _quiet_admin(bootstrap: str) -> AdminClient:
+    # A probe of a broker that is not up yet is expected to fail; keep librdkafka's connect errors off stderr.
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "socket.connection.setup.timeout.ms": 2000})
+
+
+def metadata(bootstrap: str, timeout_s: float = 2) -> ClusterMetadata | None:
+    """The cluster metadata answered through ``bootstrap``, or None when nothing answers in time."""
+    try:
+        return _quiet_admin(bootstrap).list_topics(timeout=timeout_s)
+    except KafkaException:
+        return None
+
+
+def create_topic(bootstrap: str, name: str, partitions: int = 1, replication_factor: int | None = None,
+                 config: dict[str, str] | None = None, timeout_s: float = 30) -> str:
+    """Create ``name`` and wait until every partition has a leader. ``replication_factor`` None means the
+    brokers' default (so it works on any cluster, whatever its size)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topic = NewTopic(name, partitions, -1 if replication_factor is None else replication_factor,
+                     config=config or {})
+    admin.create_topics([topic], operation_timeout=timeout_s, request_timeout=timeout_s)[name].result()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(name, timeout=5).topics.get(name)
+        if meta is not None and meta.error is None and len(meta.partitions) == partitions and \
+                all(p.leader >= 0 for p in meta.partitions.values()):
+            return name
+        time.sleep(0.1)
+    raise TimeoutError(f"topic {name} has no leader for every partition after {timeout_s}s")
+
+
 class KafkaCluster:
-    """``num_brokers`` combined broker+controller KRaft nodes on 127.0.0.1, data and logs under ``root``."""
+    """``num_brokers`` combined broker+controller KRaft nodes on 127.0.0.1 (node ids 1..n), data, logs and pid
+    files under ``root``, so that another process can find and stop them."""
 
     def __init__(self, root: Path, num_brokers: int = 1, port: int | None = None,
                  broker_props: dict[str, str] | None = None) -> None:
+        if num_brokers < 1:
+            raise ValueError("num_brokers must be at least 1")
+        if port is not None and num_brokers != 1:
+            raise ValueError("port can only be given for a single broker")
         self.root = Path(root)
         self.n = num_brokers
-        self.extra = broker_props or {}
-        ports_file = self.root / "ports"
-        if ports_file.exists():  # a cluster another process started: reuse its ports
-            saved = [int(p) for p in ports_file.read_text().split()]
-            self.ports, self.controller_ports = saved[: self.n], saved[self.n:]
+        self.extra = dict(broker_props or {})
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        saved = self._saved_ports()
+        if saved is not None:  # started before, maybe by another process: the same ports
+            self.ports, self.controller_ports = saved
         else:
-            self.ports = [port] if port and num_brokers == 1 else [free_port() for _ in range(self.n)]
+            self.ports = [port] if port is not None else [free_port() for _ in range(self.n)]
             self.controller_ports = [free_port() for _ in range(self.n)]
-        self.procs: dict[int, subprocess.Popen | None] = {}
+        if port is not None and self.ports != [port]:
+            self.ports = [port]
 
     # ---- layout ---------------------------------------------------------------------------------------
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
+    @property
+    def node_ids(self) -> list[int]:
+        return list(range(1, self.n + 1))
+
     def broker_port(self, node_id: int) -> int:
         return self.ports[node_id - 1]
 
-    def _node_dir(self, node_id: int) -> Path:
+    def node_dir(self, node_id: int) -> Path:
         return self.root / f"node{node_id}"
 
+    def log_file(self, node_id: int) -> Path:
+        return self.node_dir(node_id) / "broker.log"
+
     def _props_file(self, node_id: int) -> Path:
-        return self._node_dir(node_id) / "server.properties"
+        return self.node_dir(node_id) / "server.properties"
 
     def _pid_file(self, node_id: int) -> Path:
-        return self._node_dir(node_id) / "pid"
+        return self.node_dir(node_id) / "pid"
 
-    def log_file(self, node_id: int) -> Path:
-        return self._node_dir(node_id) / "broker.log"
+    def _saved_ports(self) -> tuple[list[int], list[int]] | None:
+        try:
+            saved = [int(p) for p in (self.root / "ports").read_text().split()]
+        except (OSError, ValueError):
+            return None
+        return (saved[: self.n], saved[self.n:]) if len(saved) == 2 * self.n else None
+
+    def _cluster_id(self) -> str:
+        """One id for all nodes: the saved one, else one a node was already formatted with, else a new one."""
+        id_file = self.root / "cluster.id"
+        if id_file.exists():
+            return id_file.read_text().strip()
+        for node in self.node_ids:
+            meta = self.node_dir(node) / "data" / "meta.properties"
+            if meta.exists():
+                for line in meta.read_text().splitlines():
+                    if line.startswith("cluster.id="):
+                        return line.split("=", 1)[1].strip()
+        cid = _new_cluster_id()
+        id_file.write_text(cid)
+        return cid
 
     def _write_props(self, node_id: int) -> None:
         n = self.n
-        voters = ",".join(f"{i + 1}@127.0.0.1:{p}" for i, p in enumerate(self.controller_ports))
+        voters = ",".join(f"{i}@127.0.0.1:{self.controller_ports[i - 1]}" for i in self.node_ids)
         props = {
             "process.roles": "broker,controller",
             "node.id": str(node_id),
@@ -100,168 +184,220 @@ class KafkaCluster:
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-            "log.dirs": str(self._node_dir(node_id) / "data"),
+            "log.dirs": str(self.node_dir(node_id) / "data"),
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
             "offsets.topic.replication.factor": str(min(3, n)),
+            # Fewer internal partitions than the default 50: faster first group join on a 2-core machine.
             "offsets.topic.num.partitions": "4",
             "transaction.state.log.replication.factor": str(min(3, n)),
             "transaction.state.log.min.isr": str(min(2, n)),
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
-            "default.replication.factor": str(min(3, n)),
-            "min.insync.replicas": "2" if n >= 3 else "1",
             "unclean.leader.election.enable": "false",
-            **self.extra,
         }
-        self._node_dir(node_id).mkdir(parents=True, exist_ok=True)
+        if n >= 3:  # what a production cluster runs with: a write survives one dead broker
+            props["default.replication.factor"] = "3"
+            props["min.insync.replicas"] = "2"
+        props.update(self.extra)
+        self.node_dir(node_id).mkdir(parents=True, exist_ok=True)
         self._props_file(node_id).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
 
     def _java(self, main: str, *args: str) -> list[str]:
         if not LIBS.is_dir() or not any(LIBS.glob("kafka_2.13-*.jar")):
             raise RuntimeError(f"no Kafka jars in {LIBS}: run `make setup` (it resolves them with Maven)")
-        return ["java", "-Xms128m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                "-cp", f"{LIBS}/*", main, *args]
+        return ["java", *JVM_HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", "-cp", f"{LIBS}/*", main, *args]
 
-    # ---- lifecycle ------------------------------------------------------------------------------------
-    def start(self, timeout_s: float = 90) -> KafkaCluster:
-        self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / "ports").write_text(" ".join(map(str, self.ports + self.controller_ports)))
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        for node in range(1, self.n + 1):
-            self._write_props(node)
-            if not (self._node_dir(node) / "data" / "meta.properties").exists():
-                subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                          "-c", str(self._props_file(node)), "--ignore-formatted"),
-                               check=True, capture_output=True, timeout=120)
-        for node in range(1, self.n + 1):
-            self._spawn(node)
-        self.wait_ready(self.n, timeout_s)
-        return self
-
-    def _spawn(self, node_id: int) -> None:
-        with open(self.log_file(node_id), "ab") as out:
-            proc = subprocess.Popen(self._java("kafka.Kafka", str(self._props_file(node_id))), stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.procs[node_id] = proc
-        self._pid_file(node_id).write_text(str(proc.pid))
-
+    # ---- processes ------------------------------------------------------------------------------------
     def pid(self, node_id: int) -> int | None:
+        """The pid of the node's running broker, from its pid file; None when it is not running."""
         try:
             pid = int(self._pid_file(node_id).read_text())
         except (OSError, ValueError):
             return None
-        return pid if _pid_alive(pid) else None
+        proc = self.procs.get(node_id)
+        if proc is not None and proc.pid == pid:
+            return pid if proc.poll() is None else None
+        # The pid file may outlive its process (a reboot, a kill -9 of this machine's session): make sure
+        # the pid is still this node's broker, not a recycled pid.
+        if not _pid_alive(pid) or str(self._props_file(node_id)) not in _cmdline(pid):
+            return None
+        return pid
 
-    def wait_ready(self, brokers: int, timeout_s: float = 90) -> None:
-        """Wait until the cluster's metadata lists ``brokers`` brokers (a deadline, not a sleep)."""
-        deadline = time.monotonic() + timeout_s
-        # log_level 0: "connection refused" while the broker boots is expected, not worth a line.
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
-        seen = 0
-        while time.monotonic() < deadline:
-            try:
-                seen = len(admin.list_topics(timeout=2).brokers)
-                if seen >= brokers:
-                    return
-            except KafkaException:
-                pass
-            for node in range(1, self.n + 1):
-                proc = self.procs.get(node)
-                if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"broker {node} exited with {proc.returncode}:\n{self.tail(node)}")
-            time.sleep(0.2)
-        raise TimeoutError(f"{seen} of {brokers} brokers up after {timeout_s}s:\n{self.tail(1)}")
+    def is_running(self) -> bool:
+        return all(self.pid(node) is not None for node in self.node_ids)
 
-    def tail(self, node_id: int, lines: int = 30) -> str:
+    def _spawn(self, node_id: int) -> None:
+        with open(self.log_file(node_id), "ab") as out:
+            out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting node {node_id}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(self._java("kafka.Kafka", str(self._props_file(node_id))), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    cwd=self.node_dir(node_id))
+        self.procs[node_id] = proc
+        self._pid_file(node_id).write_text(str(proc.pid))
+        log.debug("started node %d (pid %d) on %s", node_id, proc.pid, self.broker_port(node_id))
+
+    def _exited(self, node_id: int) -> bool:
+        proc = self.procs.get(node_id)
+        return proc is not None and proc.poll() is not None
+
+    def tail(self, node_id: int, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_file(node_id).read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
 
+    def _tails(self, nodes: list[int]) -> str:
+        return "\n".join(f"--- {self.log_file(n)} (last lines)\n{self.tail(n)}" for n in nodes)
+
+    # ---- lifecycle ------------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 120) -> KafkaCluster:
+        """Format the nodes' storage where needed, start every node not already running, and wait until each
+        answers metadata listing all of them."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.is_running():  # a half-running cluster is restarted whole, so its ports stay consistent
+            self.stop()
+        (self.root / "ports").write_text(" ".join(map(str, self.ports + self.controller_ports)))
+        cluster_id = self._cluster_id()
+        for node in self.node_ids:
+            if self.pid(node) is not None:
+                continue
+            self._write_props(node)
+            if not (self.node_dir(node) / "data" / "meta.properties").exists():
+                fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                                "-c", str(self._props_file(node)), "--ignore-formatted"),
+                                     capture_output=True, text=True, timeout=120)
+                if fmt.returncode != 0:
+                    raise RuntimeError(f"formatting node {node} failed ({fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
+            self._spawn(node)
+        self.wait_ready(self.node_ids, timeout_s)
+        return self
+
+    def wait_ready(self, nodes: list[int] | None = None, timeout_s: float = 120) -> None:
+        """Wait (deadline-based polling) until each of ``nodes`` answers metadata itself, listing every running
+        node. Asking each node directly matters after a restart: the others may still list a killed broker
+        until its session times out."""
+        nodes = self.node_ids if nodes is None else nodes
+        deadline = time.monotonic() + timeout_s
+        missing = list(nodes)
+        while True:
+            running = {n for n in self.node_ids if self.pid(n) is not None} | set(nodes)
+            missing = []
+            for node in nodes:
+                meta = metadata(f"127.0.0.1:{self.broker_port(node)}", timeout_s=2)
+                if meta is None or meta.orig_broker_id != node or not running <= set(meta.brokers):
+                    missing.append(node)
+            if not missing:
+                return
+            dead = [n for n in nodes if self._exited(n) or self.pid(n) is None]
+            if dead:
+                raise RuntimeError(f"broker(s) {dead} exited while starting:\n{self._tails(dead)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker(s) {missing} not ready after {timeout_s}s:\n{self._tails(missing)}")
+            time.sleep(0.25)
+
     def kill_broker(self, node_id: int, sig: int = signal.SIGKILL, timeout_s: float = 30) -> None:
-        """Send ``sig`` to one broker and wait until its process is gone."""
+        """Send ``sig`` to one broker and wait until its process has exited."""
         pid = self.pid(node_id)
         if pid is None:
             return
         os.kill(pid, sig)
+        self._wait_exit(node_id, pid, time.monotonic() + timeout_s)
+        if self.pid(node_id) is not None:
+            raise TimeoutError(f"broker {node_id} (pid {pid}) still running {timeout_s}s after signal {sig}")
+
+    def _wait_exit(self, node_id: int, pid: int, deadline: float) -> None:
         proc = self.procs.get(node_id)
-        deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc is not None and proc.pid == pid:
-                if proc.poll() is not None:
+                try:
+                    proc.wait(timeout=0.05)  # also reaps it, so no zombie is left behind
                     return
-            elif not _pid_alive(pid):
+                except subprocess.TimeoutExpired:
+                    continue
+            if not _pid_alive(pid):
                 return
             time.sleep(0.05)
-        raise TimeoutError(f"broker {node_id} (pid {pid}) still running {timeout_s}s after signal {sig}")
 
-    def start_broker(self, node_id: int, timeout_s: float = 90) -> None:
-        """Restart one broker and wait until it is back in the cluster's metadata."""
+    def start_broker(self, node_id: int, timeout_s: float = 120) -> None:
+        """Start one (killed) broker again and wait until it is back in the cluster's metadata."""
         if self.pid(node_id) is None:
             self._spawn(node_id)
-        self.wait_ready(self.n, timeout_s)
+        self.wait_ready([node_id], timeout_s)
 
     def stop(self, timeout_s: float = 30) -> None:
-        for node in range(1, self.n + 1):
-            pid = self.pid(node)
-            if pid is not None:
-                os.kill(pid, signal.SIGTERM)
-        for node in range(1, self.n + 1):
-            try:
-                self.kill_broker(node, signal.SIGTERM, timeout_s) if self.pid(node) else None
-            except TimeoutError:
+        """SIGTERM every node (a clean shutdown), then SIGKILL what is still running at the deadline."""
+        pids = {node: pid for node in self.node_ids if (pid := self.pid(node)) is not None}
+        for pid in pids.values():
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for node, pid in pids.items():
+            self._wait_exit(node, pid, deadline)
+        for node, pid in pids.items():
+            if self.pid(node) is not None:
+                log.warning("broker %d (pid %d) ignored SIGTERM for %ss: killing it", node, pid, timeout_s)
                 self.kill_broker(node, signal.SIGKILL)
-        (self.root / "ports").unlink(missing_ok=True)
+        for node in self.node_ids:
+            self._pid_file(node).unlink(missing_ok=True)
 
     def wipe(self) -> None:
+        """Stop the cluster and delete its data, logs and ports."""
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
     # ---- topics ---------------------------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int | None = None,
                      config: dict[str, str] | None = None, timeout_s: float = 30) -> str:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
-        topic = NewTopic(name, partitions, replication_factor or min(3, self.n), config=config or {})
-        admin.create_topics([topic], operation_timeout=timeout_s)[name].result()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            meta = admin.list_topics(name, timeout=5).topics.get(name)
-            if meta and meta.error is None and len(meta.partitions) == partitions and \
-                    all(p.leader >= 0 for p in meta.partitions.values()):
-                return name
-            time.sleep(0.1)
-        raise TimeoutError(f"topic {name} has no leader for every partition after {timeout_s}s")
+        """Create a topic (replication factor defaults to min(3, brokers)) and wait until all partitions
+        have leaders."""
+        rf = min(3, self.n) if replication_factor is None else replication_factor
+        return create_topic(self.bootstrap_servers, name, partitions, rf, config, timeout_s)
 
     def leader_of(self, topic: str, partition: int) -> int:
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
-        return admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
+        """The node id leading ``topic``/``partition`` now (-1 while there is none)."""
+        meta = AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(topic, timeout=10)
+        return meta.topics[topic].partitions[partition].leader
 
 
-def _local() -> KafkaCluster:
-    return KafkaCluster(REPO / "build" / "kafka" / "local", 1, port=int(os.environ.get("KAFKA_PORT", "9092")))
+# ---- the command line: one long-lived broker for development ---------------------------------------------
+def local_cluster() -> KafkaCluster:
+    """The development broker of ``make kafka-up``: 127.0.0.1:${KAFKA_PORT:-9092}, data under build/kafka/local."""
+    return KafkaCluster(LOCAL_ROOT, 1, port=int(os.environ.get("KAFKA_PORT", "9092")))
+
+
+def ensure_local(timeout_s: float = 120) -> str:
+    """Bring the development broker up unless it (or another Kafka on its port) already answers; return the
+    bootstrap address."""
+    cluster = local_cluster()
+    if cluster.pid(1) is not None:
+        cluster.wait_ready([1], timeout_s)
+        log.info("Kafka already up on %s", cluster.bootstrap_servers)
+    elif metadata(cluster.bootstrap_servers) is not None:
+        log.info("a Kafka broker not started here already answers on %s: using it", cluster.bootstrap_servers)
+    else:
+        cluster.start(timeout_s)
+        log.info("Kafka up on %s (log: %s)", cluster.bootstrap_servers, cluster.log_file(1))
+    return cluster.bootstrap_servers
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(description="a local Apache Kafka broker on 127.0.0.1")
+    parser = argparse.ArgumentParser(description="a local Apache Kafka broker on 127.0.0.1 for development")
     parser.add_argument("command", choices=["up", "down", "status"])
     args = parser.parse_args(argv)
-    cluster = _local()
-    running = cluster.pid(1) is not None
+    cluster = local_cluster()
     if args.command == "up":
-        if running:
-            cluster.wait_ready(1, 60)
-            log.info("Kafka already up on %s", cluster.bootstrap_servers)
-        else:
-            cluster.start()
-            log.info("Kafka up on %s (logs: %s)", cluster.bootstrap_servers, cluster.log_file(1))
+        ensure_local()
     elif args.command == "down":
+        running = cluster.pid(1) is not None
         cluster.stop()
-        log.info("Kafka down" if running else "Kafka was not running")
+        log.info("Kafka stopped" if running else "Kafka was not running")
     else:
-        log.info("Kafka up on %s" if running else "Kafka not running (%s)", cluster.bootstrap_servers)
-        return 0 if running else 1
+        up = cluster.pid(1) is not None and metadata(cluster.bootstrap_servers) is not None
+        log.info("Kafka up on %s (log: %s)" if up else "Kafka not running (%s, log: %s)",
+                 cluster.bootstrap_servers, cluster.log_file(1))
+        return 0 if up else 1
     return 0
 
 

@@ -18,12 +18,16 @@ from recoverable_sink.task import TaskIdentity, write_partition
 
 class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
     """Writes each partition through the WAL. The write id is made here, once, on the driver: it is
-    pickled into every task and every retry, so a retry finds the log of the attempt it replaces."""
+    pickled into every task and every retry, so a retry finds the log of the attempt it replaces.
+
+    ``wal.writeId`` sets it instead, for writes that are re-run as a whole and must find the earlier run's
+    log: in ``foreachBatch``, ``f"{query_id}-{batch_id}"`` makes a re-run micro-batch skip what the earlier
+    run delivered."""
 
     def __init__(self, options: SinkOptions, plan: SchemaPlan) -> None:
         self.options = options
         self.plan = plan
-        self.write_id = uuid.uuid4().hex
+        self.write_id = options.write_id or uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         ctx = TaskContext.get()

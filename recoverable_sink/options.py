@@ -60,9 +60,12 @@ _SINK_OPTIONS = {
     "wal.maxbytes",
     "wal.enabled",
     "wal.retentionhours",
+    "wal.writeid",
     "preflight.timeoutms",
     "summary.path",
     "test.killafterrecords",
+    "test.pauseafterrecords",
+    "test.pausefile",
 }
 # Options Spark itself may hand to a streaming sink; they mean nothing here.
 _IGNORED = {"checkpointlocation", "queryname", "path"}
@@ -85,7 +88,11 @@ class SinkOptions:
     retention_seconds: float = DEFAULT_RETENTION_HOURS * 3600
     preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
     summary_path: str | None = None
+    write_id: str | None = None
+    # Fault injection, for tests and the chaos campaign only (see README, "Testing hooks").
     kill_after_records: int | None = field(default=None)
+    pause_after_records: int | None = None
+    pause_file: str | None = None
 
     def producer_config(self) -> dict[str, str]:
         return dict(self.producer_items)
@@ -198,6 +205,14 @@ def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
     return conf
 
 
+def _write_id(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", value):
+        raise OptionError(f"option wal.writeId={value!r} may hold only letters, digits, '.', '_' and '-'")
+    return value
+
+
 def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """Validate the options of one write and return what the tasks need.
 
@@ -221,6 +236,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     if topic is not None and not topic.strip():
         raise OptionError("option topic is empty: give a topic name, or drop the option and use a topic column")
     kill_after = lowered.get("test.killafterrecords")
+    pause_after = lowered.get("test.pauseafterrecords")
+    if pause_after and not lowered.get("test.pausefile"):
+        raise OptionError("option test.pauseAfterRecords needs test.pauseFile (the marker the test waits for)")
     return SinkOptions(
         producer_items=tuple(sorted(_producer_config(kafka).items())),
         topic=topic,
@@ -234,5 +252,8 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,
         summary_path=lowered.get("summary.path") or None,
+        write_id=_write_id(lowered.get("wal.writeid")),
         kill_after_records=int(_parse_number("test.killAfterRecords", kill_after, int)) if kill_after else None,
+        pause_after_records=int(_parse_number("test.pauseAfterRecords", pause_after, int)) if pause_after else None,
+        pause_file=lowered.get("test.pausefile") or None,
     )

@@ -9,7 +9,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -168,6 +168,27 @@ def _wait_and_checkpoint(producer: Producer, tracker: DeliveryTracker, wal: Wal 
         wal.save_acks(attempt_key, tracker.take_dirty())
 
 
+def _fault_hooks(options: SinkOptions, ident: TaskIdentity, position: int, where: str,
+                 checkpoint: Callable[[], None]) -> None:
+    """Fault injection for tests and the chaos campaign (``test.*`` options), at a known point: once the
+    records produced so far are acknowledged and checkpointed."""
+    if options.kill_after_records is not None and ident.attempt == 0 and position >= options.kill_after_records:
+        checkpoint()
+        log.warning("%s: test.killAfterRecords reached at %d records; killing this worker", where, position)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if options.pause_after_records is not None and options.pause_file and position >= options.pause_after_records:
+        try:  # the marker is created once: a restarted query does not pause again
+            fd = os.open(options.pause_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return
+        checkpoint()
+        os.write(fd, f"{ident.write_id} {ident.partition} {position}\n".encode())
+        os.close(fd)
+        log.warning("%s: test.pauseAfterRecords reached at %d records; pausing for the test to kill the driver",
+                    where, position)
+        time.sleep(300)
+
+
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,
                     ident: TaskIdentity) -> SinkCommitMessage:
     """Write one partition: every batch is durably in the WAL before the producer sees it; acknowledged
@@ -216,13 +237,8 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
             message.published += sent
             message.skipped += batch.num_rows - sent
             position += batch.num_rows
-            if options.kill_after_records is not None and ident.attempt == 0 \
-                    and position >= options.kill_after_records:
-                # Fault injection for tests: a real SIGKILL of this Python worker, once what was produced so far
-                # is acknowledged and checkpointed.
-                _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options))
-                log.warning("%s: test.killAfterRecords reached at %d records; killing this worker", where, position)
-                os.kill(os.getpid(), signal.SIGKILL)
+            _fault_hooks(options, ident, position, where,
+                         lambda: _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options)))
         _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options) + _FLUSH_MARGIN_S)
         if tracker.failed or tracker.outstanding:
             problem = tracker.first_error() or f"{tracker.outstanding} records still unacknowledged at the deadline"

@@ -1,0 +1,82 @@
+"""A streaming driver program for kill-and-restart tests: runs one query into format("recoverable_kafka")
+with trigger(availableNow=True) and exits 0 when the input is processed.
+
+    python -m devtools.stream_job --source files --input DIR --bootstrap B --topic T --checkpoint C --wal W
+    python -m devtools.stream_job --source kafka --source-topic S --bootstrap B --topic T --checkpoint C --wal W
+
+Run it in its own process group so a test can SIGKILL the driver together with its JVM and Python workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from devtools.kafka_local import REPO
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--source", choices=["files", "kafka", "rate"], required=True)
+    p.add_argument("--input", help="directory of JSON files with an id field (files source)")
+    p.add_argument("--source-topic", help="topic to read (kafka source)")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--wal", required=True)
+    p.add_argument("--summary")
+    p.add_argument("--master", default="local[2,4]")
+    p.add_argument("--max-per-trigger", type=int, default=0, help="files or offsets per micro-batch")
+    p.add_argument("--output-mode", default="append")
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="extra sink option")
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    jars = ",".join(str(j) for j in sorted((REPO / "build" / "spark-jars").glob("*.jar")))
+    spark = (SparkSession.builder.master(args.master).appName("recoverable-kafka-stream-job")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.jars", jars)
+             .config("spark.driver.extraJavaOptions",
+                     f"-Dlog4j2.configurationFile={REPO / 'spark_conf' / 'log4j2.properties'}")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+
+    if args.source == "files":
+        reader = spark.readStream.schema("id LONG, payload STRING")
+        if args.max_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", args.max_per_trigger)
+        df = reader.json(args.input).selectExpr("CAST(id % 1000 AS STRING) AS key", "to_json(struct(*)) AS value")
+    elif args.source == "kafka":
+        reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
+                  .option("subscribe", args.source_topic).option("startingOffsets", "earliest"))
+        if args.max_per_trigger:
+            reader = reader.option("maxOffsetsPerTrigger", args.max_per_trigger)
+        df = reader.load().selectExpr("key", "value")
+    else:
+        df = spark.readStream.format("rate").option("rowsPerSecond", 1000).load() \
+            .selectExpr("CAST(value AS STRING) AS value")
+
+    writer = (df.writeStream.format("recoverable_kafka")
+              .option("kafka.bootstrap.servers", args.bootstrap)
+              .option("topic", args.topic)
+              .option("wal.path", args.wal)
+              .option("checkpointLocation", args.checkpoint)
+              .outputMode(args.output_mode)
+              .trigger(availableNow=True))
+    if args.summary:
+        writer = writer.option("summary.path", args.summary)
+    for item in args.option:
+        name, _, value = item.partition("=")
+        writer = writer.option(name, value)
+    query = writer.start()
+    query.awaitTermination()
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
