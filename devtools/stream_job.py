@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         reader = spark.readStream.schema("id LONG, payload STRING")
         if args.max_per_trigger:
             reader = reader.option("maxFilesPerTrigger", args.max_per_trigger)
-        df = reader.json(args.input).selectExpr("CAST(id % 1000 AS STRING) AS key", "to_json(struct(*)) AS value")
+        df = reader.json(args.input).selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value")
     elif args.source == "kafka":
         reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
                   .option("subscribe", args.source_topic).option("startingOffsets", "earliest"))

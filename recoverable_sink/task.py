@@ -182,7 +182,7 @@ def _fault_hooks(options: SinkOptions, ident: TaskIdentity, position: int, where
         except FileExistsError:
             return
         checkpoint()
-        os.write(fd, f"{ident.write_id} {ident.partition} {position}\n".encode())
+        os.write(fd, f"{ident.write_id} {ident.partition} {position} {os.getpid()}\n".encode())
         os.close(fd)
         log.warning("%s: test.pauseAfterRecords reached at %d records; pausing for the test to kill a process",
                     where, position)

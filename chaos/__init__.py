@@ -1,0 +1,2 @@
+"""The fault campaign (``make chaos``): every scenario several times with randomized kill points, counted
+by an independent consumer."""

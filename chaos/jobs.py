@@ -1,0 +1,57 @@
+"""A batch driver program for scenarios that need a driver of their own (a local-cluster master whose
+executor JVMs can be SIGKILLed, or a process whose whole output is captured).
+
+    python -m chaos.jobs --master 'local-cluster[2,1,1024]' --rows 40000 --prefix p --bootstrap B --topic T \
+        --wal W --summary S [--option name=value ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from devtools.kafka_local import REPO
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--master", default="local[2,4]")
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--wal", required=True)
+    p.add_argument("--summary", required=True)
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    args = p.parse_args(argv)
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    spark = (SparkSession.builder.master(args.master).appName("recoverable-kafka-chaos-job")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.task.maxFailures", "4")
+             .config("spark.executor.memory", "768m")
+             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
+             .config("spark.driver.extraJavaOptions",
+                     f"-Dlog4j2.configurationFile={REPO / 'spark_conf' / 'log4j2.properties'}")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.range(args.rows, numPartitions=args.partitions).select(
+        F.concat(F.lit(f"{args.prefix}-"), F.col("id").cast("string")).alias("key"),
+        F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("value"))
+    writer = (df.write.format("recoverable_kafka").option("kafka.bootstrap.servers", args.bootstrap)
+              .option("topic", args.topic).option("wal.path", args.wal).option("summary.path", args.summary))
+    for item in args.option:
+        name, _, value = item.partition("=")
+        writer = writer.option(name, value)
+    writer.mode("append").save()
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

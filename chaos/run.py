@@ -1,0 +1,118 @@
+"""``make chaos``: every fault scenario CHAOS_TRIALS times (default 3) with randomized kill points, on real
+brokers and real Spark; results in build/chaos/results.json and a markdown table.
+
+    make chaos                              # CHAOS_TRIALS=3 CHAOS_ROWS=40000 CHAOS_SEED=<time>
+    CHAOS_ONLY=3,4 make chaos               # some scenarios only (by number)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import time
+from typing import Any
+
+from chaos.lab import LOG4J, Lab, Trial
+from chaos.scenarios import SCENARIOS
+from devtools.kafka_local import REPO, KafkaCluster
+
+OUT = REPO / "build" / "chaos"
+
+
+def aggregate(name: str, delivery: bool, trials: list[Trial]) -> dict[str, Any]:
+    errors: list[str] = []
+    for t in trials:
+        errors.extend(e for e in t.errors if e not in errors)
+    return {
+        "name": name,
+        "delivery_scenario": delivery,
+        "trials": len(trials),
+        "records_expected": sum(t.records_expected for t in trials),
+        "lost": sum(t.lost for t in trials),
+        "duplicated": sum(t.duplicated for t in trials),
+        "errors": errors,
+        "passed": all(t.passed for t in trials),
+        "details": [t.notes for t in trials],
+    }
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| scenario | trials | records expected | lost | duplicated | result |", "|---|---:|---:|---:|---:|---|"]
+    for r in results:
+        lines.append(f"| {r['name']} | {r['trials']} | {r['records_expected']} | {r['lost']} | {r['duplicated']} | "
+                     f"{'pass' if r['passed'] else 'FAIL'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING)
+    trials = int(os.environ.get("CHAOS_TRIALS", "3"))
+    rows = int(os.environ.get("CHAOS_ROWS", "40000"))
+    seed = int(os.environ.get("CHAOS_SEED", str(int(time.time()))))
+    only = {s.strip() for s in os.environ.get("CHAOS_ONLY", "").split(",") if s.strip()}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    shutil.rmtree(OUT / "work", ignore_errors=True)
+    (OUT / "work").mkdir(parents=True)
+
+    kafka = KafkaCluster(OUT / "kafka1", 1)
+    kafka.wipe()
+    kafka.start()
+    clusters: dict[str, KafkaCluster] = {}
+    sessions: dict[str, Any] = {}
+
+    def kafka3() -> KafkaCluster:
+        if "three" not in clusters:
+            KafkaCluster(OUT / "kafka3", 3).wipe()
+            clusters["three"] = KafkaCluster(OUT / "kafka3", 3).start()
+        return clusters["three"]
+
+    def spark() -> Any:
+        if "spark" not in sessions:
+            from pyspark.sql import SparkSession
+
+            from recoverable_sink import RecoverableKafkaDataSource
+
+            s = (SparkSession.builder.master("local[2,4]").appName("recoverable-kafka-chaos")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
+                 .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}").getOrCreate())
+            s.sparkContext.setLogLevel("ERROR")
+            s.dataSource.register(RecoverableKafkaDataSource)
+            sessions["spark"] = s
+        return sessions["spark"]
+
+    lab = Lab(OUT / "work", kafka, kafka3, spark)
+    results = []
+    try:
+        for name, scenario, delivery in SCENARIOS:
+            if only and name.split(".")[0] not in only:
+                continue
+            runs = []
+            for i in range(trials):
+                rng = random.Random(f"{seed}-{name}-{i}")
+                started = time.monotonic()
+                trial = scenario(lab, rng, rows)
+                trial.notes["seconds"] = round(time.monotonic() - started, 1)
+                runs.append(trial)
+                print(f"{name} trial {i + 1}/{trials}: lost={trial.lost} duplicated={trial.duplicated} "
+                      f"{'pass' if trial.passed else 'FAIL'} {trial.notes} errors={trial.errors}", flush=True)
+            results.append(aggregate(name, delivery, runs))
+            (OUT / "results.json").write_text(json.dumps(
+                {"seed": seed, "trials": trials, "rows": rows, "scenarios": results}, indent=1))
+    finally:
+        if "spark" in sessions:
+            sessions["spark"].stop()
+        for cluster in [kafka, *clusters.values()]:
+            cluster.stop()
+    print()
+    print(table(results))
+    print(f"\nseed {seed}; results in {OUT / 'results.json'}")
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

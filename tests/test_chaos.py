@@ -1,0 +1,30 @@
+"""The fault campaign's fast subset: one trial of every scenario (``make chaos`` runs several, with more
+records). Lost and duplicated must be 0 wherever the scenario is a delivery guarantee."""
+
+import random
+
+import pytest
+
+from chaos.lab import Lab
+from chaos.scenarios import SCENARIOS
+from recoverable_sink import RecoverableKafkaDataSource
+
+
+@pytest.fixture(scope="module")
+def lab(spark, kafka, request, tmp_path_factory):
+    spark.dataSource.register(RecoverableKafkaDataSource)
+    # Smaller Arrow batches, so kill points fall inside partitions of a test-sized write.
+    before = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
+    yield Lab(tmp_path_factory.mktemp("chaos"), kafka, lambda: request.getfixturevalue("kafka3"), lambda: spark)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
+
+
+@pytest.mark.parametrize(("name", "scenario", "delivery"), SCENARIOS, ids=[s[0].split(".")[0] for s in SCENARIOS])
+def test_fault_scenario(lab, name, scenario, delivery):
+    trial = scenario(lab, random.Random(f"test-{name}"), 16_000)
+    assert trial.passed, f"{name}: {trial}"
+    assert trial.lost == 0, trial
+    if delivery:
+        assert trial.duplicated == 0, trial
+        assert trial.records_expected > 0
