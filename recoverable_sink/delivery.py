@@ -8,6 +8,7 @@ ordering and the murmur2 partitioning; this module only records which records Ka
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -95,57 +96,84 @@ class DeliveryTracker:
             return None
         topic, partition, err = self.errors[0]
         more = f" (and {self.failed - 1} more failed records)" if self.failed > 1 else ""
-        kind = "fatal" if err.fatal() else ("retriable, retries exhausted" if err.retriable() else "permanent")
-        return f"topic {topic} partition {partition}: {err.name()} ({kind}): {err.str()}{more}"
+        if err.code() == KafkaError._MSG_TIMED_OUT:
+            kind = "not acknowledged within delivery.timeout.ms; the broker may or may not have stored it"
+        elif err.fatal():
+            kind = "fatal producer error"
+        else:
+            kind = "retriable, retries exhausted" if err.retriable() else "permanent"
+        where = f"partition {partition}" if partition is not None and partition >= 0 else "partition not yet assigned"
+        return f"topic {topic} {where}: {err.name()} ({kind}): {err.str()}{more}"
+
+
+def _refused(exc: KafkaException, position: int, topic: str | None, partition: int | None,
+             scrub: Callable[[str], str]) -> Exception:
+    err = exc.args[0]
+    where = f"record {position} to topic {topic}" + (f" partition {partition}" if partition is not None else "")
+    if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
+                      KafkaError._INVALID_ARG):
+        return RecordError(f"{where} was refused by the producer: {err.name()}: {scrub(err.str())}")
+    return DeliveryError(f"{where} could not be queued: {err.name()}: {scrub(err.str())}")
 
 
 def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_first: int,
-            skip: list[bool] | None, tracker: DeliveryTracker, scrub: object) -> int:
+            skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
     """Hand one segment's records to the producer, except those marked in ``skip`` (already delivered by
     an earlier attempt), which are recorded as acknowledged. Returns how many were handed over.
 
-    Blocks (polling delivery reports) while librdkafka's local queue is full: nothing is dropped."""
+    Blocks (serving delivery reports) while librdkafka's local queue is full: nothing is dropped. This is
+    the hot loop of the sink: one ``produce`` call and one small callback object per record."""
     n = len(records)
     bitmap = bytearray(n)
     tracker.bitmaps[seg_first] = bitmap
-    callback = tracker.on_delivery
-    send = producer.produce
-    values, keys = records.values, records.keys
-    topics, partitions = records.topics, records.partitions
-    headers, timestamps = records.headers, records.timestamps
+    if skip is not None:
+        for i in range(n):
+            if skip[i]:
+                bitmap[i] = 1
+        tracker.dirty.add(seg_first)
+    callback, send, poll = tracker.on_delivery, producer.produce, producer.poll
+    values = records.values
+    keys = records.keys if records.keys is not None else [None] * n
+    topics = records.topics if records.topics is not None else [topic] * n
+    simple = records.partitions is None and records.headers is None and records.timestamps is None
     sent = 0
-    for i in range(n):
-        if skip is not None and skip[i]:
-            bitmap[i] = 1
-            tracker.dirty.add(seg_first)
-            continue
-        kwargs: dict[str, object] = {}
-        if partitions is not None and partitions[i] is not None:
-            kwargs["partition"] = partitions[i]
-        if headers is not None and headers[i]:
-            kwargs["headers"] = headers[i]
-        if timestamps is not None and timestamps[i] is not None:
-            kwargs["timestamp"] = timestamps[i]
-        record_topic = topics[i] if topics is not None else topic
-        while True:
-            try:
-                send(record_topic, values[i], None if keys is None else keys[i],
-                     on_delivery=partial(callback, seg_first, bitmap, i), **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.05)  # local queue full: serve delivery reports, then try again
-            except KafkaException as exc:
-                err = exc.args[0]
-                message = f"record {seg_first + i} to topic {record_topic}" + (
-                    f" partition {kwargs['partition']}" if "partition" in kwargs else "")
-                text = scrub(err.str()) if callable(scrub) else err.str()
-                if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._UNKNOWN_PARTITION,
-                                  KafkaError._UNKNOWN_TOPIC, KafkaError._INVALID_ARG):
-                    raise RecordError(f"{message} was refused by the producer: {err.name()}: {text}") from None
-                raise DeliveryError(f"{message} could not be queued: {err.name()}: {text}") from None
-        sent += 1
-        tracker.produced += 1
-    producer.poll(0)
+    try:
+        for i in range(n):
+            if skip is not None and skip[i]:
+                continue
+            on_delivery = partial(callback, seg_first, bitmap, i)
+            if simple:
+                # Positional arguments: topic, value, key, partition, callback (cheaper than keywords).
+                while True:
+                    try:
+                        send(topics[i], values[i], keys[i], -1, on_delivery)
+                        break
+                    except BufferError:
+                        poll(0.05)  # local queue full: serve delivery reports, then try again
+                    except KafkaException as exc:
+                        raise _refused(exc, seg_first + i, topics[i], None, scrub) from None
+            else:
+                kwargs: dict[str, object] = {}
+                partition = records.partitions[i] if records.partitions is not None else None
+                if partition is not None:
+                    kwargs["partition"] = partition
+                if records.headers is not None and records.headers[i]:
+                    kwargs["headers"] = records.headers[i]
+                if records.timestamps is not None and records.timestamps[i] is not None:
+                    kwargs["timestamp"] = records.timestamps[i]
+                while True:
+                    try:
+                        send(topics[i], values[i], keys[i], on_delivery=on_delivery, **kwargs)
+                        break
+                    except BufferError:
+                        poll(0.05)
+                    except KafkaException as exc:
+                        raise _refused(exc, seg_first + i, topics[i], partition, scrub) from None
+            sent += 1
+    finally:
+        # Counted even when a record is refused midway: the failure path waits for these acknowledgements.
+        tracker.produced += sent
+    poll(0)
     return sent
 
 

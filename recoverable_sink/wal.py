@@ -260,9 +260,19 @@ class Wal:
             raise _wal_error(self.path, exc) from None
 
 
+def _disk_nearly_full(path: str) -> bool:
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return False
+    return fs.f_bavail * fs.f_frsize < 4 << 20
+
+
 def _wal_error(path: str, exc: BaseException) -> WalError:
     text = str(exc)
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in text:
+    # A full disk reaches LMDB as ENOSPC or, on some filesystems (tmpfs), as EIO from the commit: ask the
+    # filesystem rather than trust the error text.
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in text or _disk_nearly_full(path):
         return WalError(f"WAL {path}: the disk is full ({text}); free space under wal.path or point wal.path "
                         "at a larger disk. Records accepted so far stay in the WAL")
     if isinstance(exc, lmdb.CorruptedError | lmdb.InvalidError | lmdb.PageNotFoundError | lmdb.BadValsizeError):
