@@ -10,14 +10,25 @@ STAMP_JARS := build/.stamp-jars
 export PYSPARK_PYTHON := $(abspath $(PYTHON))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PYTHON))
 
-.PHONY: setup kafka-up kafka-down demo test chaos bench lint clean
+.PHONY: FORCE setup kafka-up kafka-down demo test chaos bench lint clean
 
 setup: $(STAMP_PY) $(STAMP_JARS)
+
+# The stamps live in build/; redo a step whose output was deleted even if its stamp survived.
+ifeq ($(wildcard $(PYTHON)),)
+$(STAMP_PY): FORCE
+endif
+ifeq ($(and $(wildcard build/kafka/libs/kafka_2.13-*.jar),$(wildcard build/spark-jars/spark-sql-kafka-*.jar)),)
+$(STAMP_JARS): FORCE
+endif
+FORCE:
 
 $(STAMP_PY): pyproject.toml
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e '.[test]'
+	@# compat mode: a plain .pth entry, so pkgutil.iter_modules() (Spark's auto-registration scan, run in
+	@# workers outside the repo) sees pyspark_recoverable_kafka; the default editable finder hides it.
+	$(PYTHON) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	@mkdir -p build && touch $@
 
 # The broker and Spark's Kafka connector, resolved from Maven Central (no Docker, no tarball).

@@ -1,59 +1,91 @@
 """An independent reader of what landed in a topic: a plain confluent-kafka consumer that knows nothing of
-``recoverable_sink``. It reads every partition up to the end offsets taken at the start, so it stops on a
-condition, not on an idle timeout."""
+``recoverable_sink`` (so a bug there cannot hide itself here). It reads every partition up to the end offsets
+taken when it starts, so it stops on a condition, not on an idle timeout."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 60, expected: int | None = None) -> list[dict]:
-    """Every record of ``topic`` as dicts (key, value, topic, partition, offset, timestamp, headers).
+def _consumer(bootstrap: str, group_prefix: str) -> Consumer:
+    return Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"{group_prefix}-{uuid.uuid4().hex}",  # a fresh group: no committed offsets to resume from
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+    })
 
-    With ``expected``, waits (up to ``timeout_s``) until the topic's end offsets hold at least that many."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "isolation.level": "read_committed"})
+
+def end_offsets(bootstrap: str, topic: str, timeout_s: float = 10) -> dict[int, int]:
+    """Each partition's high watermark (the offset the next record will get)."""
+    consumer = _consumer(bootstrap, "ends")
     try:
-        deadline = time.monotonic() + timeout_s
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
-        partitions = sorted(meta.partitions)
-        while True:
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-            if expected is None or sum(ends.values()) >= expected or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        todo = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
-        out: list[dict] = []
-        while todo and time.monotonic() < deadline:
-            for msg in consumer.consume(10_000, timeout=1.0):
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(msg.error().str())
-                out.append({"key": msg.key(), "value": msg.value(), "topic": msg.topic(),
-                            "partition": msg.partition(), "offset": msg.offset(),
-                            "timestamp": msg.timestamp()[1], "headers": msg.headers()})
-                if msg.offset() + 1 >= ends[msg.partition()]:
-                    todo.discard(msg.partition())
-        if todo:
-            raise TimeoutError(f"topic {topic}: partitions {sorted(todo)} not read to their end in {timeout_s}s")
-        return out
+        if meta.error is not None:
+            raise RuntimeError(f"topic {topic}: {meta.error}")
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
+                for p in sorted(meta.partitions)}
     finally:
         consumer.close()
 
 
-def count_topic(bootstrap: str, topic: str) -> int:
+def count_topic(bootstrap: str, topic: str, timeout_s: float = 10) -> int:
     """Records in a topic by its offsets (no data read): cheap, for progress checks."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex}"})
+    consumer = _consumer(bootstrap, "count")
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] -
-                   consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0]
-                   for p in meta.partitions)
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        total = 0
+        for p in meta.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            total += high - low
+        return total
+    finally:
+        consumer.close()
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60, expected: int | None = None) -> list[dict[str, Any]]:
+    """Every record of ``topic``, as dicts with key, value (bytes or None), topic, partition, offset,
+    timestamp (ms) and headers (list of (str, bytes | None) or None).
+
+    The end of each partition is its high watermark read at the start. With ``expected``, first waits (up to
+    ``timeout_s``) until the watermarks add up to at least that many records, then reads whatever is there:
+    the caller compares counts. Raises TimeoutError if a partition cannot be read to its end in time."""
+    deadline = time.monotonic() + timeout_s
+    ends = end_offsets(bootstrap, topic)
+    while expected is not None and sum(ends.values()) < expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ends = end_offsets(bootstrap, topic)
+
+    consumer = _consumer(bootstrap, "check")
+    out: list[dict[str, Any]] = []
+    try:
+        todo = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(todo)])
+        while todo:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"topic {topic}: partitions {sorted(todo)} not read to their end "
+                                   f"{ {p: ends[p] for p in todo} } in {timeout_s}s")
+            for msg in consumer.consume(10_000, timeout=0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"topic {topic}: {err.str()}")
+                if msg.offset() >= ends[msg.partition()]:
+                    continue  # written after we took the end offsets: not ours to count
+                out.append({"key": msg.key(), "value": msg.value(), "topic": msg.topic(),
+                            "partition": msg.partition(), "offset": msg.offset(),
+                            "timestamp": msg.timestamp()[1], "headers": msg.headers()})
+            # The position, not the last record's offset: a transaction marker can be a partition's last offset
+            # and is never delivered as a record.
+            for tp in consumer.position([TopicPartition(topic, p) for p in todo]):
+                if tp.offset >= ends[tp.partition]:
+                    todo.discard(tp.partition)
+        return out
     finally:
         consumer.close()

@@ -30,7 +30,8 @@ log = logging.getLogger("devtools.kafka_local")
 
 REPO = Path(__file__).resolve().parent.parent
 LIBS = REPO / "build" / "kafka" / "libs"
-LOCAL_ROOT = REPO / "build" / "kafka" / "local"
+# The development broker's directory; overridable so that a second one (another port) can run beside it.
+LOCAL_ROOT = Path(os.environ.get("KAFKA_LOCAL_DIR", REPO / "build" / "kafka" / "local"))
 JVM_HEAP = ["-Xms256m", "-Xmx512m"]
 
 
@@ -39,6 +40,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the JVM does: TIME_WAIT is no obstacle
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _pid_alive(pid: int) -> bool:
@@ -242,11 +253,18 @@ class KafkaCluster:
         proc = self.procs.get(node_id)
         return proc is not None and proc.poll() is not None
 
-    def tail(self, node_id: int, lines: int = 40) -> str:
+    def tail(self, node_id: int, lines: int = 30) -> str:
+        """The first errors and the last lines the node logged since it was last started."""
         try:
-            return "\n".join(self.log_file(node_id).read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_file(node_id).read_text(errors="replace").splitlines()
         except OSError:
             return "(no log)"
+        begun = max((i for i, line in enumerate(text) if line.startswith("==== ")), default=0)
+        run = text[begun:]
+        # A failed start ends in pages of shutdown noise; its cause is the first ERROR.
+        errors = [line for line in run if " ERROR " in line or line.startswith("Caused by")][:6]
+        head = ["first errors:", *errors, "last lines:"] if errors else []
+        return "\n".join(head + run[-lines:])
 
     def _tails(self, nodes: list[int]) -> str:
         return "\n".join(f"--- {self.log_file(n)} (last lines)\n{self.tail(n)}" for n in nodes)
@@ -263,6 +281,9 @@ class KafkaCluster:
         for node in self.node_ids:
             if self.pid(node) is not None:
                 continue
+            for port in (self.broker_port(node), self.controller_ports[node - 1]):
+                if not _port_free(port):
+                    raise RuntimeError(f"node {node}: 127.0.0.1:{port} is already in use by another process")
             self._write_props(node)
             if not (self.node_dir(node) / "data" / "meta.properties").exists():
                 fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,

@@ -1,5 +1,5 @@
 """Shared fixtures: one real Kafka broker and one SparkSession per test session; a 3-broker cluster only for
-the tests that ask for it."""
+the tests that ask for it. Brokers' data and logs live under build/test-kafka/, wiped when a fixture starts."""
 
 from __future__ import annotations
 
@@ -8,29 +8,38 @@ import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from devtools.kafka_local import REPO, KafkaCluster
 
-BUILD = REPO / "build" / "test-kafka"
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Overridable so that two test sessions on one machine do not stop each other's brokers.
+TEST_KAFKA = Path(os.environ.get("RK_TEST_KAFKA_DIR", REPO / "build" / "test-kafka"))
 SPARK_JARS = REPO / "build" / "spark-jars"
 LOG4J = REPO / "spark_conf" / "log4j2.properties"
 
-# The Python workers must run this interpreter (the virtualenv's), or they will not find pyarrow and lmdb.
+# Set before any SparkSession is built: the Python workers must run this interpreter (the virtualenv's), or
+# they will not find pyarrow and lmdb.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
 def _cluster(name: str, brokers: int) -> Iterator[KafkaCluster]:
-    root = BUILD / name
-    KafkaCluster(root, brokers).wipe() if root.exists() else None
+    root = TEST_KAFKA / name
+    if root.exists():  # a previous run that died may have left its brokers running: stop them by pid file
+        KafkaCluster(root, brokers).wipe()
     shutil.rmtree(root, ignore_errors=True)
-    cluster = KafkaCluster(root, brokers).start()
+    cluster = KafkaCluster(root, brokers)
     try:
+        cluster.start()
         yield cluster
     finally:
-        cluster.stop()
+        cluster.stop(timeout_s=20)
 
 
 @pytest.fixture(scope="session")
@@ -41,13 +50,13 @@ def kafka() -> Iterator[KafkaCluster]:
 
 @pytest.fixture(scope="session")
 def kafka3() -> Iterator[KafkaCluster]:
-    """Three brokers (RF 3, min.insync.replicas 2), started only by the tests that need them."""
+    """Three brokers (default RF 3, min.insync.replicas 2), started only when a test asks for them."""
     yield from _cluster("three", 3)
 
 
 @pytest.fixture
 def new_topic(kafka: KafkaCluster) -> Callable[..., str]:
-    """Create a fresh, uniquely named topic on the session broker."""
+    """``new_topic(partitions=1, **config) -> name``: a fresh, uniquely named topic on the session broker."""
 
     def make(partitions: int = 1, **config: str) -> str:
         return kafka.create_topic(f"t-{uuid.uuid4().hex[:12]}", partitions, 1, config or None)
@@ -60,18 +69,18 @@ def spark_jars() -> str:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
-    """One SparkSession for the suite: local[2,4] so a failed task is retried (up to 4 attempts)."""
+def spark() -> Iterator[SparkSession]:
+    """One SparkSession for the suite: local[2,4] so that a failed task is retried (up to 4 attempts)."""
     from pyspark.sql import SparkSession
 
     session = (
         SparkSession.builder.master("local[2,4]")
         .appName("recoverable-sink-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.jars", spark_jars())
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}")
-        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")
