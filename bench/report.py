@@ -1,0 +1,73 @@
+"""The benchmark's outputs besides the JSON: a markdown table on stdout and a grouped bar chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CASE_ORDER = ("spark_kafka", "wal_on", "wal_off", "raw_client")
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = report["rows"]
+    lines = [f"### {rows:,} rows, median of {report['reps']} run(s), Spark local[2,4] on {report['cores']} cores", "",
+             "| value | topic partitions | case | median s | rows/s | runs (s) |",
+             "|---:|---:|---|---:|---:|---|"]
+    for e in report["results"]:
+        runs = ", ".join(_fmt(r, ".2f") for r in e["runs"])
+        lines.append(f"| {e['value_bytes']} B | {e['topic_partitions']} | {e['case']} | "
+                     f"{_fmt(e['median_seconds'], '.2f')} | {_fmt(e['rows_per_second'], ',.0f')} | {runs} |")
+    lines += ["", "| value | topic partitions | wal_on / spark_kafka | wal_on / wal_off | wal_on / raw_client | "
+              "per core (wal_on/2 vs raw/1) |", "|---:|---:|---:|---:|---:|---:|"]
+    for r in report["ratios"]:
+        lines.append(f"| {r['value_bytes']} B | {r['topic_partitions']} | {_fmt(r['wal_on_vs_spark_kafka'], '.2f')} | "
+                     f"{_fmt(r['wal_on_vs_wal_off'], '.2f')} | {_fmt(r['wal_on_vs_raw_client'], '.2f')} | "
+                     f"{_fmt(r['wal_on_vs_raw_client_per_core'], '.2f')} |")
+    lines.append("")
+    for r in report["worker_peak_rss"]:
+        lines.append(f"- Python worker peak RSS during wal_on, {r['value_bytes']} B values: "
+                     f"{r['wal_on_worker_peak_rss_mib']:.0f} MiB VmRSS, {r['wal_on_worker_peak_anon_mib']:.0f} MiB "
+                     f"anonymous (VmRSS by topic partitions: {r['by_topic_partitions']})")
+    retry = report.get("retry_cost") or {}
+    if retry:
+        lines.append(f"- Retry cost (100 B, 4-partition topic, every partition's worker SIGKILLed after "
+                     f"{retry['kill_after_records']:,} records): "
+                     f"median {_fmt(retry['killed_median_seconds'], '.2f')} s "
+                     f"vs {_fmt(retry['no_kill_median_seconds'], '.2f')} s undisturbed, "
+                     f"extra {_fmt(retry['extra_seconds'], '.2f')} s")
+        for k in retry["killed_runs"]:
+            lines.append(f"  - published {k['published']}, skipped {k['skipped']}, retried partitions "
+                         f"{k['retried_partitions']}, re-sent {k['records_resent']}, topic holds exactly the rows: "
+                         f"{k['topic_holds_rows']}")
+    verdict = "every run verified" if report["ok"] else "FAILED: " + "; ".join(report["errors"])
+    lines.append(f"- Verification: {verdict}")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], path: Path, rows: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display here
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(e["value_bytes"], e["topic_partitions"]) for e in results})
+    by_key = {(e["value_bytes"], e["topic_partitions"], e["case"]): e["rows_per_second"] or 0 for e in results}
+    width = 0.8 / len(CASE_ORDER)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    for i, case in enumerate(CASE_ORDER):
+        xs = [g + (i - (len(CASE_ORDER) - 1) / 2) * width for g in range(len(groups))]
+        ys = [by_key.get((v, p, case), 0) for v, p in groups]
+        bars = ax.bar(xs, ys, width, label=case)
+        ax.bar_label(bars, labels=[f"{y / 1000:.0f}k" for y in ys], fontsize=7, padding=2)
+    ax.set_xticks(range(len(groups)), [f"{v} B values\n{p}-partition topic" for v, p in groups])
+    ax.set_ylabel("rows/s (median)")
+    ax.set_title(f"Writing {rows:,} rows to Kafka (acks=all, idempotent; Spark local[2], raw client 1 thread)")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

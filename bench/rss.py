@@ -1,0 +1,108 @@
+"""Peak resident memory of Spark's Python workers, sampled from /proc while a write runs (Linux only)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_MARKERS = ("pyspark.daemon", "pyspark.worker")
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name may hold spaces or parentheses: the fields after its last ")" are safe to split.
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _rss_kib(pid: int) -> tuple[int, int] | None:
+    """(VmRSS, RssAnon) in KiB. VmRSS also counts the LMDB file pages the worker has mapped (page cache it
+    shares with the kernel); RssAnon is the worker's own heap, which is what can run an executor out of memory."""
+    total = anon = None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    total = int(line.split()[1])
+                elif line.startswith("RssAnon:"):
+                    anon = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (total, anon or 0) if total is not None else None
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    seen = 0
+    while pid > 1 and seen < 64:
+        if pid == ancestor:
+            return True
+        parent = _ppid(pid)
+        if parent is None:
+            return False
+        pid, seen = parent, seen + 1
+    return False
+
+
+class WorkerRssSampler:
+    """Every ``interval_s``, VmRSS of each process below this one (the Spark JVM's children) whose command
+    line names a PySpark daemon or worker; keeps each process's maximum. Forked workers inherit the daemon's
+    command line, so both markers match them."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        self.interval_s = interval_s
+        self.peak_kib: dict[int, int] = {}
+        self.peak_anon_kib: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
+        self._me = os.getpid()
+        self._known: dict[int, bool] = {}  # pid -> is a PySpark worker of ours (decided once per pid)
+
+    def __enter__(self) -> WorkerRssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _is_worker(self, pid: int) -> bool:
+        known = self._known.get(pid)
+        if known is None:
+            cmd = _cmdline(pid)
+            known = any(m in cmd for m in _MARKERS) and _descends_from(pid, self._me)
+            self._known[pid] = known
+        return known
+
+    def sample(self) -> None:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid == self._me or not self._is_worker(pid):
+                continue
+            rss = _rss_kib(pid)
+            if rss is None:
+                continue
+            self.peak_kib[pid] = max(self.peak_kib.get(pid, 0), rss[0])
+            self.peak_anon_kib[pid] = max(self.peak_anon_kib.get(pid, 0), rss[1])
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def peak_mib(self) -> float:
+        return max(self.peak_kib.values(), default=0) / 1024
+
+    def peak_anon_mib(self) -> float:
+        return max(self.peak_anon_kib.values(), default=0) / 1024

@@ -1,0 +1,423 @@
+"""The side-by-side benchmark behind ``make bench``.
+
+One local broker, one SparkSession (``local[2,4]``), the same cached DataFrame for every case:
+
+* ``spark_kafka``  Spark's own ``format("kafka")`` (JVM producer, acks=all, idempotent)
+* ``wal_on``       ``format("recoverable_kafka")`` with its LMDB write-ahead log
+* ``wal_off``      the same with ``wal.enabled=false`` (what the WAL itself costs)
+* ``raw_client``   one confluent-kafka producer in this process, no Spark (the Python client's ceiling)
+
+per value size (100 B, 1 KB) and topic layout (1 and 4 partitions), interleaved A B C D A B C D ... so that
+drift (page cache, JIT, broker log segments) hits every case alike; the median of the write call's wall time
+counts. Every run writes to a fresh topic whose record count is checked, then deleted.
+
+    make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3
+    BENCH_ROWS=200000 BENCH_REPS=1 .venv/bin/python -m bench.run
+
+Writes build/bench/results.json and build/bench/results.png; exit status 0 only if every run verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
+
+from bench.report import markdown, plot
+from bench.rss import WorkerRssSampler
+from devtools.kafka_check import count_topic
+from devtools.kafka_local import REPO, KafkaCluster
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+OUT = REPO / "build" / "bench"
+SPARK_JARS = REPO / "build" / "spark-jars"
+LOG4J = REPO / "spark_conf" / "log4j2.properties"
+
+ROWS = int(os.environ.get("BENCH_ROWS", "2000000"))
+REPS = int(os.environ.get("BENCH_REPS", "3"))
+CORES = 2  # local[2,4]: two task slots; the raw client runs on one (this process's main thread)
+VALUE_SIZES = (100, 1024)
+LAYOUTS = (1, 4)
+DF_PARTITIONS = 4
+WARMUP_ROWS = min(ROWS, 40_000)
+DISTINCT_KEYS = 100_000
+CASES = ("spark_kafka", "wal_on", "wal_off", "raw_client")
+# The sink's producer defaults (options.PRODUCER_DEFAULTS); linger and batch sizes stay librdkafka's.
+RAW_PRODUCER = {"acks": "all", "enable.idempotence": "true", "partitioner": "murmur2_random"}
+
+
+@dataclass
+class Run:
+    seconds: float | None = None
+    error: str | None = None
+    summary: dict[str, Any] | None = None
+    peak_rss_mib: float | None = None
+    peak_anon_mib: float | None = None
+
+
+@dataclass
+class Bench:
+    spark: SparkSession
+    cluster: KafkaCluster
+    errors: list[str] = field(default_factory=list)
+    admin: AdminClient | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.cluster.bootstrap_servers
+
+    # ---- topics ---------------------------------------------------------------------------------------
+    def fresh_topic(self, label: str, partitions: int) -> str:
+        topic = self.cluster.create_topic(f"bench-{label}-{uuid.uuid4().hex[:8]}", partitions, 1)
+        # Leaders in the metadata do not mean every partition's log is open: an idempotent Java producer whose
+        # first request reaches a partition a moment too early gets it retried behind later batches and then
+        # spins on OUT_OF_ORDER_SEQUENCE_NUMBER until delivery.timeout.ms (KAFKA-15591; seen here as a 120 s
+        # stall and a duplicating task retry). Each partition answering ListOffsets means its log is open.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if count_topic(self.bootstrap, topic) == 0:
+                    return topic
+            except Exception as exc:  # not ready yet: retry until the deadline
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"topic {topic} not writable after 30 s: {exc}") from None
+            time.sleep(0.1)
+
+    def drop_topic(self, topic: str) -> None:
+        # 1 KB x 2M rows is 2 GB of log per run: delete it as soon as it is counted.
+        # One long-lived client: a temporary one would be destroyed before its future resolves.
+        if self.admin is None:
+            self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        try:
+            self.admin.delete_topics([topic], operation_timeout=60)[topic].result(timeout=90)
+        except Exception as exc:  # a failed clean-up must not hide the measurement
+            print(f"  warning: could not delete topic {topic}: {exc}", file=sys.stderr)
+
+    def timed(self, what: str, partitions: int, rows: int, write: Callable[[str], dict[str, Any] | None],
+              sample_rss: bool = False) -> Run:
+        """Run one write to a fresh topic, time it, verify the topic holds exactly ``rows`` records."""
+        topic = self.fresh_topic(what.split()[0].replace("_", "-"), partitions)
+        run = Run()
+        sampler = WorkerRssSampler() if sample_rss else None
+        try:
+            with sampler or nullcontext():
+                started = time.perf_counter()
+                run.summary = write(topic)
+                run.seconds = time.perf_counter() - started
+            landed = count_topic(self.bootstrap, topic)
+            if landed != rows:
+                run.error = f"{what}: topic {topic} holds {landed} records, expected {rows}"
+        except Exception as exc:  # record it, keep measuring the other cases
+            run.error = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            traceback.print_exc()
+        finally:
+            if sampler is not None:
+                run.peak_rss_mib, run.peak_anon_mib = sampler.peak_mib(), sampler.peak_anon_mib()
+            self.drop_topic(topic)
+        if run.error:
+            self.errors.append(run.error)
+            print(f"  ERROR {run.error}", flush=True)
+        else:
+            print(f"  {what}: {run.seconds:.2f} s ({rows / run.seconds:,.0f} rows/s)"
+                  + (f", worker peak RSS {run.peak_rss_mib:.0f} MiB (anon {run.peak_anon_mib:.0f})"
+                     if run.peak_rss_mib else ""), flush=True)
+        return run
+
+    # ---- the four writers ---------------------------------------------------------------------------------
+    def spark_kafka(self, df: DataFrame) -> Callable[[str], None]:
+        def write(topic: str) -> None:
+            (df.write.format("kafka")
+             .option("kafka.bootstrap.servers", self.bootstrap)
+             .option("topic", topic)
+             .option("kafka.acks", "all")
+             .option("kafka.enable.idempotence", "true")
+             .mode("append").save())
+        return write
+
+    def recoverable(self, df: DataFrame, wal: bool, **extra: str) -> Callable[[str], dict[str, Any]]:
+        def write(topic: str) -> dict[str, Any]:
+            summary_path = OUT / "summary.jsonl"
+            writer = (df.write.format("recoverable_kafka")
+                      .option("kafka.bootstrap.servers", self.bootstrap)
+                      .option("topic", topic)
+                      .option("wal.path", str(OUT / "wal"))
+                      .option("summary.path", str(summary_path)))
+            if not wal:
+                writer = writer.option("wal.enabled", "false")
+            for name, value in extra.items():
+                writer = writer.option(name, value)
+            writer.mode("append").save()
+            # The driver appends one line per write; the last one is this write's.
+            return json.loads(summary_path.read_text().splitlines()[-1])
+        return write
+
+    def raw_client(self, records: list[tuple[bytes, bytes]]) -> Callable[[str], None]:
+        def write(topic: str) -> None:
+            producer = Producer({"bootstrap.servers": self.bootstrap, **RAW_PRODUCER})
+            acked = failed = 0
+
+            def on_delivery(err: object, _msg: object) -> None:
+                nonlocal acked, failed
+                if err is None:
+                    acked += 1
+                else:
+                    failed += 1
+
+            produce, poll = producer.produce, producer.poll
+            for i, (key, value) in enumerate(records):
+                while True:
+                    try:
+                        produce(topic, value, key, on_delivery=on_delivery)
+                        break
+                    except BufferError:  # local queue full: serve delivery reports, then retry
+                        poll(0.05)
+                if i % 10_000 == 0:
+                    poll(0)
+            while acked + failed < len(records):
+                producer.flush(1.0)
+            if failed:
+                raise RuntimeError(f"{failed} of {len(records)} records were not acknowledged")
+        return write
+
+
+def spark_session() -> SparkSession:
+    # The Python workers must run this interpreter (the virtualenv's), or they will not find pyarrow and lmdb.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # The sink's per-write INFO lines would drown the progress lines; its warnings (the kills) still show.
+    os.environ.setdefault("RECOVERABLE_SINK_LOG_LEVEL", "WARNING")
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("recoverable-sink-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .config("spark.jars", ",".join(str(p) for p in sorted(SPARK_JARS.glob("*.jar"))))
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def frame(spark: SparkSession, rows: int, value_bytes: int) -> DataFrame:
+    """key = k<id % 100000>; value = "<id>:" padded with x to value_bytes (unique per row)."""
+    from pyspark.sql import functions as F
+
+    return spark.range(0, rows, 1, DF_PARTITIONS).select(
+        F.concat(F.lit("k"), (F.col("id") % DISTINCT_KEYS).cast("string")).alias("key"),
+        F.rpad(F.concat(F.col("id").cast("string"), F.lit(":")), value_bytes, "x").alias("value"),
+    )
+
+
+def python_rows(rows: int, value_bytes: int) -> list[tuple[bytes, bytes]]:
+    """The same rows as :func:`frame`, built here rather than collected: 2 GB would pass the driver's
+    spark.driver.maxResultSize; a spot check against Spark's rows guards the equivalence."""
+    return [(b"k%d" % (i % DISTINCT_KEYS), (b"%d:" % i).ljust(value_bytes, b"x")[:value_bytes])
+            for i in range(rows)]
+
+
+def check_same_rows(df: DataFrame, records: list[tuple[bytes, bytes]]) -> None:
+    spark_rows = [*df.take(3), *df.tail(2)]
+    ours = [*records[:3], *records[-2:]]
+    theirs = [(r["key"].encode(), r["value"].encode()) for r in spark_rows]
+    if theirs != ours:
+        raise AssertionError(f"the raw client's rows differ from the DataFrame's: {ours[0]!r} vs {theirs[0]!r}")
+
+
+def cache_info(spark: SparkSession) -> dict[str, int]:
+    """Memory and disk held by cached RDDs (a cache that spilled to disk would slow every Spark case)."""
+    infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()  # no public API for this
+    return {"memory_bytes": sum(i.memSize() for i in infos), "disk_bytes": sum(i.diskSize() for i in infos),
+            "cached_partitions": sum(i.numCachedPartitions() for i in infos)}
+
+
+def median_entry(case: str, value_bytes: int, partitions: int, rows: int, runs: list[Run]) -> dict[str, Any]:
+    ok = [r.seconds for r in runs if r.error is None and r.seconds is not None]
+    med = statistics.median(ok) if ok else None
+    return {"case": case, "value_bytes": value_bytes, "topic_partitions": partitions, "rows": rows,
+            "runs": [round(r.seconds, 3) if r.seconds is not None else None for r in runs],
+            "median_seconds": round(med, 3) if med else None,
+            "rows_per_second": round(rows / med) if med else None,
+            "errors": [r.error for r in runs if r.error]}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def bench_size(b: Bench, value_bytes: int, results: list[dict[str, Any]], ratios: list[dict[str, Any]],
+               rss: list[dict[str, Any]]) -> DataFrame:
+    print(f"\n== value {value_bytes} B: caching {ROWS:,} rows ...", flush=True)
+    df = frame(b.spark, ROWS, value_bytes).cache()
+    assert df.count() == ROWS
+    records = python_rows(ROWS, value_bytes)
+    check_same_rows(df, records)
+    print(f"  cache: {cache_info(b.spark)}", flush=True)
+    writers = {"spark_kafka": b.spark_kafka(df), "wal_on": b.recoverable(df, wal=True),
+               "wal_off": b.recoverable(df, wal=False), "raw_client": b.raw_client(records)}
+    # Untimed warm-up on a small slice: starts the Python workers, their producers and the JVM's Kafka
+    # producer, and warms the JIT, so that the first timed repetition is not the only one paying for it.
+    small = frame(b.spark, WARMUP_ROWS, value_bytes)
+    warm = {"spark_kafka": b.spark_kafka(small), "wal_on": b.recoverable(small, wal=True),
+            "wal_off": b.recoverable(small, wal=False), "raw_client": b.raw_client(records[:WARMUP_ROWS])}
+    for case in CASES:
+        b.timed(f"{case} {value_bytes}B warm-up", 4, WARMUP_ROWS, warm[case])
+    peak_by_layout: dict[int, float] = {}
+    anon_by_layout: dict[int, float] = {}
+    for partitions in LAYOUTS:
+        runs: dict[str, list[Run]] = {c: [] for c in CASES}
+        for rep in range(REPS):
+            for case in CASES:
+                what = f"{case} {value_bytes}B {partitions}p rep {rep + 1}/{REPS}"
+                runs[case].append(b.timed(what, partitions, ROWS, writers[case], sample_rss=case == "wal_on"))
+        entries = {c: median_entry(c, value_bytes, partitions, ROWS, runs[c]) for c in CASES}
+        results.extend(entries.values())
+        rps = {c: e["rows_per_second"] for c, e in entries.items()}
+        ratios.append({
+            "value_bytes": value_bytes, "topic_partitions": partitions,
+            "wal_on_vs_spark_kafka": ratio(rps["wal_on"], rps["spark_kafka"]),
+            "wal_on_vs_wal_off": ratio(rps["wal_on"], rps["wal_off"]),
+            "wal_on_vs_raw_client": ratio(rps["wal_on"], rps["raw_client"]),
+            "wal_on_vs_raw_client_per_core": ratio(rps["wal_on"] and rps["wal_on"] / CORES, rps["raw_client"]),
+        })
+        peak_by_layout[partitions] = max((r.peak_rss_mib or 0 for r in runs["wal_on"]), default=0)
+        anon_by_layout[partitions] = max((r.peak_anon_mib or 0 for r in runs["wal_on"]), default=0)
+    rss.append({"value_bytes": value_bytes, "wal_on_worker_peak_rss_mib": round(max(peak_by_layout.values()), 1),
+                "by_topic_partitions": {str(p): round(v, 1) for p, v in peak_by_layout.items()},
+                # VmRSS minus the mapped LMDB file pages: the worker's own memory.
+                "wal_on_worker_peak_anon_mib": round(max(anon_by_layout.values()), 1)})
+    return df
+
+
+# The JVM loggers that print a stack trace per killed Python worker.
+_TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.util.Utils",
+    "org.apache.spark.executor.Executor",
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
+)
+
+
+@contextmanager
+def quiet_task_failures(spark: SparkSession) -> Iterator[None]:
+    """Silence the expected task-failure stack traces of a deliberate kill; back to ERROR afterwards."""
+    jvm = spark.sparkContext._jvm  # log4j levels are only reachable through the JVM
+    configurator, level = jvm.org.apache.logging.log4j.core.config.Configurator, jvm.org.apache.logging.log4j.Level
+    for name in _TASK_FAILURE_LOGGERS:
+        configurator.setLevel(name, level.OFF)
+    try:
+        yield
+    finally:
+        for name in _TASK_FAILURE_LOGGERS:
+            configurator.setLevel(name, level.ERROR)
+
+
+def retry_cost(b: Bench, df: DataFrame) -> dict[str, Any]:
+    """A WAL-on write whose every partition's worker is SIGKILLed halfway (attempt 0), against the same write
+    undisturbed; the retried tasks must skip what Kafka already acknowledged."""
+    partitions = 4
+    kill_after = ROWS // DF_PARTITIONS // 2
+    print(f"\n== retry cost: 100 B, {partitions}-partition topic, test.killAfterRecords={kill_after:,}", flush=True)
+    print("  (each killed run makes Spark log one 'Python worker exited unexpectedly' per partition: intended; "
+          "those loggers are silenced for the killed runs)", flush=True)
+    plain: list[Run] = []
+    killed: list[Run] = []
+    for rep in range(REPS):
+        plain.append(b.timed(f"wal_on no-kill rep {rep + 1}/{REPS}", partitions, ROWS, b.recoverable(df, wal=True)))
+        with quiet_task_failures(b.spark):
+            killed.append(b.timed(f"wal_on killed rep {rep + 1}/{REPS}", partitions, ROWS,
+                                  b.recoverable(df, wal=True, **{"test.killAfterRecords": str(kill_after)})))
+    details = []
+    for run in killed:
+        s = run.summary or {}
+        published, skipped = s.get("published"), s.get("skipped")
+        resent = published - (ROWS - skipped) if published is not None and skipped is not None else None
+        details.append({"seconds": run.seconds and round(run.seconds, 3), "published": published,
+                        "skipped": skipped, "retried_partitions": s.get("retried_partitions"),
+                        "records_resent": resent, "topic_holds_rows": run.error is None, "error": run.error})
+        if resent not in (0, None):
+            b.errors.append(f"retry run re-sent {resent} records Kafka had already acknowledged")
+        if run.error is None and s.get("retried_partitions", 0) < 1:
+            b.errors.append("retry run: test.killAfterRecords did not make any partition retry")
+    p = [r.seconds for r in plain if r.error is None and r.seconds]
+    k = [r.seconds for r in killed if r.error is None and r.seconds]
+    med_p, med_k = (statistics.median(p) if p else None), (statistics.median(k) if k else None)
+    return {"value_bytes": 100, "topic_partitions": partitions, "rows": ROWS, "kill_after_records": kill_after,
+            "no_kill_runs": [r.seconds and round(r.seconds, 3) for r in plain],
+            "killed_runs": details,
+            "no_kill_median_seconds": med_p and round(med_p, 3), "killed_median_seconds": med_k and round(med_k, 3),
+            "extra_seconds": round(med_k - med_p, 3) if med_p and med_k else None}
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(OUT / "wal", ignore_errors=True)
+    (OUT / "summary.jsonl").unlink(missing_ok=True)
+    root = OUT / "kafka"
+    KafkaCluster(root, 1).wipe()  # a previous run that died may have left its broker running
+    # Deleted topics' files go after 1 s, not the default minute, so 2 GB runs do not pile up on disk.
+    cluster = KafkaCluster(root, 1, broker_props={"log.segment.delete.delay.ms": "1000"})
+    print(f"starting a broker under {root} ...", flush=True)
+    cluster.start()
+    started = time.monotonic()
+    spark = None
+    b: Bench | None = None
+    try:
+        spark = spark_session()
+        from recoverable_sink import RecoverableKafkaDataSource
+
+        spark.dataSource.register(RecoverableKafkaDataSource)
+        b = Bench(spark, cluster)
+        results: list[dict[str, Any]] = []
+        ratios: list[dict[str, Any]] = []
+        rss: list[dict[str, Any]] = []
+        retry: dict[str, Any] = {}
+        for value_bytes in VALUE_SIZES:
+            df = bench_size(b, value_bytes, results, ratios, rss)
+            if value_bytes == 100:
+                retry = retry_cost(b, df)
+            df.unpersist(blocking=True)  # the next size's cache needs the storage memory
+        for e in results:
+            b.errors.extend(e["errors"])
+        report = {
+            "rows": ROWS, "reps": REPS, "cores": CORES, "spark_master": "local[2,4]",
+            "note": f"Spark cases run {CORES} tasks in parallel on {CORES} cores; raw_client is one producer in one "
+                    "Python thread (1 core, plus librdkafka's I/O threads); "
+                    "wal_on_vs_raw_client_per_core = (wal_on rows/s / 2) / (raw_client rows/s / 1). "
+                    "Seconds are the write call's wall time (Spark job planning and scheduling included).",
+            "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
+            "errors": sorted(set(b.errors)), "ok": not b.errors,
+            "wall_minutes": round((time.monotonic() - started) / 60, 1),
+        }
+        (OUT / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+        plot(results, OUT / "results.png", ROWS)
+        print("\n" + markdown(report))
+        print(f"\nresults: {OUT / 'results.json'}, chart: {OUT / 'results.png'}")
+        return 0 if report["ok"] else 1
+    finally:
+        if b is not None:
+            b.admin = None  # closed before the broker goes, or librdkafka complains of the lost connection
+        if spark is not None:
+            spark.stop()
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
