@@ -39,13 +39,12 @@ from bench.report import markdown, plot
 from bench.rss import WorkerRssSampler
 from devtools.kafka_check import count_topic
 from devtools.kafka_local import REPO, KafkaCluster
+from devtools.spark import local_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 OUT = REPO / "build" / "bench"
-SPARK_JARS = REPO / "build" / "spark-jars"
-LOG4J = REPO / "spark_conf" / "log4j2.properties"
 
 ROWS = int(os.environ.get("BENCH_ROWS", "2000000"))
 REPS = int(os.environ.get("BENCH_REPS", "3"))
@@ -195,25 +194,9 @@ class Bench:
 
 
 def spark_session() -> SparkSession:
-    # The Python workers must run this interpreter (the virtualenv's), or they will not find pyarrow and lmdb.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     # The sink's per-write INFO lines would drown the progress lines; its warnings (the kills) still show.
     os.environ.setdefault("RECOVERABLE_SINK_LOG_LEVEL", "WARNING")
-    from pyspark.sql import SparkSession
-
-    spark = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("recoverable-sink-bench")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.memory", "4g")
-        .config("spark.jars", ",".join(str(p) for p in sorted(SPARK_JARS.glob("*.jar"))))
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return local_spark("recoverable-sink-bench", **{"spark.driver.memory": "4g"})
 
 
 def frame(spark: SparkSession, rows: int, value_bytes: int) -> DataFrame:

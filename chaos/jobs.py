@@ -8,10 +8,9 @@ executor JVMs can be SIGKILLed, or a process whose whole output is captured).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from devtools.kafka_local import REPO
+from devtools.spark import local_spark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,19 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
     args = p.parse_args(argv)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    spark = local_spark("recoverable-kafka-chaos-job", args.master, **{
+        "spark.task.maxFailures": "4", "spark.executor.memory": "768m",
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "2000"})
     from pyspark.sql import functions as F
 
-    spark = (SparkSession.builder.master(args.master).appName("recoverable-kafka-chaos-job")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.task.maxFailures", "4")
-             .config("spark.executor.memory", "768m")
-             .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
-             .config("spark.driver.extraJavaOptions",
-                     f"-Dlog4j2.configurationFile={REPO / 'spark_conf' / 'log4j2.properties'}")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
     df = spark.range(args.rows, numPartitions=args.partitions).select(
         F.concat(F.lit(f"{args.prefix}-"), F.col("id").cast("string")).alias("key"),
         F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("value"))

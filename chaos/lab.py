@@ -15,8 +15,6 @@ from typing import Any
 
 from devtools.kafka_local import REPO, KafkaCluster
 
-LOG4J = REPO / "spark_conf" / "log4j2.properties"
-
 
 @dataclass
 class Trial:

@@ -16,20 +16,21 @@ import sys
 import time
 from typing import Any
 
-from chaos.lab import LOG4J, Lab, Trial
+from chaos.lab import Lab, Trial
 from chaos.scenarios import SCENARIOS
 from devtools.kafka_local import REPO, KafkaCluster
+from devtools.spark import local_spark
 
 OUT = REPO / "build" / "chaos"
 
 
-def aggregate(name: str, delivery: bool, trials: list[Trial]) -> dict[str, Any]:
+def aggregate(name: str, strict: bool, trials: list[Trial]) -> dict[str, Any]:
     errors: list[str] = []
     for t in trials:
         errors.extend(e for e in t.errors if e not in errors)
     return {
         "name": name,
-        "delivery_scenario": delivery,
+        "strict": strict,  # lost and duplicated must both be 0
         "trials": len(trials),
         "records_expected": sum(t.records_expected for t in trials),
         "lost": sum(t.lost for t in trials),
@@ -54,7 +55,6 @@ def main() -> int:
     rows = int(os.environ.get("CHAOS_ROWS", "40000"))
     seed = int(os.environ.get("CHAOS_SEED", str(int(time.time()))))
     only = {s.strip() for s in os.environ.get("CHAOS_ONLY", "").split(",") if s.strip()}
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     shutil.rmtree(OUT / "work", ignore_errors=True)
     (OUT / "work").mkdir(parents=True)
 
@@ -72,15 +72,9 @@ def main() -> int:
 
     def spark() -> Any:
         if "spark" not in sessions:
-            from pyspark.sql import SparkSession
-
             from recoverable_sink import RecoverableKafkaDataSource
 
-            s = (SparkSession.builder.master("local[2,4]").appName("recoverable-kafka-chaos")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.execution.arrow.maxRecordsPerBatch", "2000")
-                 .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}").getOrCreate())
-            s.sparkContext.setLogLevel("ERROR")
+            s = local_spark("recoverable-kafka-chaos", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "2000"})
             s.dataSource.register(RecoverableKafkaDataSource)
             sessions["spark"] = s
         return sessions["spark"]
@@ -88,7 +82,7 @@ def main() -> int:
     lab = Lab(OUT / "work", kafka, kafka3, spark)
     results = []
     try:
-        for name, scenario, delivery in SCENARIOS:
+        for name, scenario, strict in SCENARIOS:
             if only and name.split(".")[0] not in only:
                 continue
             runs = []
@@ -100,7 +94,7 @@ def main() -> int:
                 runs.append(trial)
                 print(f"{name} trial {i + 1}/{trials}: lost={trial.lost} duplicated={trial.duplicated} "
                       f"{'pass' if trial.passed else 'FAIL'} {trial.notes} errors={trial.errors}", flush=True)
-            results.append(aggregate(name, delivery, runs))
+            results.append(aggregate(name, strict, runs))
             (OUT / "results.json").write_text(json.dumps(
                 {"seed": seed, "trials": trials, "rows": rows, "scenarios": results}, indent=1))
     finally:

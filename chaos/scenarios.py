@@ -253,8 +253,11 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
     if "did not acknowledge" not in error:
         trial.passed = False
     write_id = last_summary(d / "summary.jsonl")["write_id"]
-    listed = json.loads(_cli("list", "--path", str(d / "wal"), "--write-id", write_id).stdout)
-    trial.notes["unacknowledged_in_wal"] = sum(a["unacknowledged"] for a in listed)
+    # What the WAL holds as never acknowledged: records whose delivery timed out are among them, and the broker
+    # may have stored those before it died (librdkafka cannot tell; its Python binding does not expose the
+    # message's persistence status).
+    unknown_fate = _wal_ids(d / "wal", acked=False) - _wal_ids(d / "wal", acked=True)
+    trial.notes["unacknowledged_in_wal"] = len(unknown_fate)
     replay = _cli("replay", "--path", str(d / "wal"), "--write-id", write_id,
                   "--bootstrap-servers", lab.kafka.bootstrap_servers)
     if replay.returncode != 0:
@@ -262,7 +265,14 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
         trial.passed = False
     else:
         trial.notes["replay"] = json.loads(replay.stdout.splitlines()[-1])
-    return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
+    found = ids_in_topic(lab.kafka.bootstrap_servers, topic, expected=len(ids))
+    trial.lost, trial.duplicated, unexpected = verdict(ids, found)
+    trial.records_expected = len(ids)
+    repeated = {i for i, c in found.items() if c > 1}
+    trial.notes["repeated_outside_unknown_fate"] = len(repeated - unknown_fate)
+    # No loss; a repeat is only allowed for a record whose delivery timed out, never for an acknowledged one.
+    trial.passed = trial.passed and trial.lost == 0 and not unexpected and repeated <= unknown_fate
+    return trial
 
 
 # ---- 6. Streaming driver SIGKILL and restart from checkpoint ---------------------------------------------
@@ -529,13 +539,14 @@ def security(lab: Lab, rng: random.Random, n: int) -> Trial:
 
 
 SCENARIOS: list[tuple[str, Callable[[Lab, random.Random, int], Trial], bool]] = [
-    # (name, function, is a delivery scenario: lost and duplicated must be 0)
+    # (name, function, strict: lost and duplicated must both be 0). Every scenario requires lost == 0; 1b and 5
+    # allow repeats only where the sink cannot know the outcome (see README, Guarantees).
     ("1. Python worker SIGKILL at a checkpoint (local[2,4])", python_worker_kill, True),
     ("1b. Python worker SIGKILL at a random moment", python_worker_kill_random_moment, False),
     ("2. Executor JVM SIGKILL (local-cluster[2,1,1024])", executor_jvm_kill, True),
     ("3. Broker SIGKILL and restart, single broker", broker_kill_single, True),
     ("4. Partition leader SIGKILL, 3 brokers, RF 3, min.isr 2", leader_kill_three_brokers, True),
-    ("5. Broker down past delivery.timeout.ms, then replay", broker_down_past_delivery_timeout, True),
+    ("5. Broker down past delivery.timeout.ms, then replay", broker_down_past_delivery_timeout, False),
     ("6. Streaming driver SIGKILL and restart from checkpoint", stream_driver_kill, True),
     ("7. WAL bound (wal.maxBytes) reached", wal_bound, False),
     ("8. WAL corruption: flipped byte, truncated file", wal_corruption, False),

@@ -19,6 +19,7 @@ import uuid
 
 from devtools.kafka_check import read_topic
 from devtools.kafka_local import REPO, create_topic, ensure_local, metadata
+from devtools.spark import local_spark
 
 DEMO_DIR = REPO / "build" / "demo"
 
@@ -48,18 +49,11 @@ def main() -> int:
     # Spark's Python workers must run this interpreter (the virtualenv's), which has the sink's dependencies.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     from recoverable_sink import RecoverableKafkaDataSource
 
-    spark = (SparkSession.builder.master("local[2,4]").appName("recoverable-kafka-demo")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.extraJavaOptions",
-                     f"-Dlog4j2.configurationFile={REPO / 'spark_conf' / 'log4j2.properties'}")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("recoverable-kafka-demo")
     spark.dataSource.register(RecoverableKafkaDataSource)
 
     df = spark.range(rows, numPartitions=4).select(

@@ -10,10 +10,9 @@ Run it in its own process group so a test can SIGKILL the driver together with i
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from devtools.kafka_local import REPO
+from devtools.spark import local_spark
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,18 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="extra sink option")
     args = p.parse_args(argv)
 
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    jars = ",".join(str(j) for j in sorted((REPO / "build" / "spark-jars").glob("*.jar")))
-    spark = (SparkSession.builder.master(args.master).appName("recoverable-kafka-stream-job")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.jars", jars)
-             .config("spark.driver.extraJavaOptions",
-                     f"-Dlog4j2.configurationFile={REPO / 'spark_conf' / 'log4j2.properties'}")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_spark("recoverable-kafka-stream-job", args.master, **{"spark.sql.shuffle.partitions": "2"})
 
     if args.source == "files":
         reader = spark.readStream.schema("id LONG, payload STRING")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from recoverable_sink.errors import OptionError
 
 KAFKA_PREFIX = "kafka."
-DEFAULT_WAL_MAX_BYTES = 1 << 30
+DEFAULT_WAL_MAX_BYTES = 4 << 30  # a task keeps its partition in the WAL until it ends: leave room for several
 DEFAULT_RETENTION_HOURS = 168.0
 DEFAULT_PREFLIGHT_TIMEOUT_MS = 30_000
 

@@ -260,6 +260,9 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
                                      min(delivery_timeout_s(options), 60.0))
             elif wal is not None and attempt_key is not None:
                 wal.save_acks(attempt_key, tracker.take_dirty())
+        except Exception as secondary:  # noqa: BLE001 - the original error is the one to report
+            log.warning("%s: could not checkpoint acknowledgements after the failure: %s", where,
+                        options.scrub(str(secondary)))
         finally:
             discard_producer(options)
         raise

@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from devtools.kafka_local import REPO, KafkaCluster
+from devtools.spark import local_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 # Overridable so that two test sessions on one machine do not stop each other's brokers.
 TEST_KAFKA = Path(os.environ.get("RK_TEST_KAFKA_DIR", REPO / "build" / "test-kafka"))
-SPARK_JARS = REPO / "build" / "spark-jars"
-LOG4J = REPO / "spark_conf" / "log4j2.properties"
 
 # Set before any SparkSession is built: the Python workers must run this interpreter (the virtualenv's), or
 # they will not find pyarrow and lmdb.
@@ -64,25 +63,9 @@ def new_topic(kafka: KafkaCluster) -> Callable[..., str]:
     return make
 
 
-def spark_jars() -> str:
-    return ",".join(str(p) for p in sorted(SPARK_JARS.glob("*.jar")))
-
-
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """One SparkSession for the suite: local[2,4] so that a failed task is retried (up to 4 attempts)."""
-    from pyspark.sql import SparkSession
-
-    session = (
-        SparkSession.builder.master("local[2,4]")
-        .appName("recoverable-sink-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.jars", spark_jars())
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={LOG4J}")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
+    session = local_spark("recoverable-sink-tests", **{"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
