@@ -176,14 +176,21 @@ def _fault_hooks(options: SinkOptions, ident: TaskIdentity, position: int, where
         checkpoint()
         log.warning("%s: test.killAfterRecords reached at %d records; killing this worker", where, position)
         os.kill(os.getpid(), signal.SIGKILL)
-    if options.pause_after_records is not None and options.pause_file and position >= options.pause_after_records:
-        try:  # the marker is created once: a restarted query does not pause again
-            fd = os.open(options.pause_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    marker = options.pause_file
+    if options.pause_after_records is not None and marker and position >= options.pause_after_records \
+            and not os.path.exists(marker):
+        checkpoint()
+        # The marker appears whole (link of a written file) and only once (link fails if it exists), so a
+        # restarted query does not pause again and the test never reads it half-written.
+        staging = f"{marker}.{os.getpid()}"
+        with open(staging, "w", encoding="utf-8") as out:
+            out.write(f"{ident.write_id} {ident.partition} {position} {os.getpid()}\n")
+        try:
+            os.link(staging, marker)
         except FileExistsError:
             return
-        checkpoint()
-        os.write(fd, f"{ident.write_id} {ident.partition} {position} {os.getpid()}\n".encode())
-        os.close(fd)
+        finally:
+            os.unlink(staging)
         log.warning("%s: test.pauseAfterRecords reached at %d records; pausing for the test to kill a process",
                     where, position)
         parent, deadline = os.getppid(), time.monotonic() + 300
