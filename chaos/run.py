@@ -41,6 +41,17 @@ def aggregate(name: str, strict: bool, trials: list[Trial]) -> dict[str, Any]:
     }
 
 
+def merged(results: list[dict[str, Any]], partial: bool) -> list[dict[str, Any]]:
+    """A CHAOS_ONLY rerun replaces its scenarios' entries in the last results and keeps the others."""
+    path = OUT / "results.json"
+    if not partial or not path.exists():
+        return results
+    fresh = {r["name"]: r for r in results}
+    old = [r for r in json.loads(path.read_text()).get("scenarios", []) if r["name"] not in fresh]
+    order = {name: i for i, (name, _, _) in enumerate(SCENARIOS)}
+    return sorted(old + results, key=lambda r: order.get(r["name"], len(order)))
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = ["| scenario | trials | records expected | lost | duplicated | result |", "|---|---:|---:|---:|---:|---|"]
     for r in results:
@@ -94,16 +105,15 @@ def main() -> int:
                 runs.append(trial)
                 print(f"{name} trial {i + 1}/{trials}: lost={trial.lost} duplicated={trial.duplicated} "
                       f"{'pass' if trial.passed else 'FAIL'} {trial.notes} errors={trial.errors}", flush=True)
-            results.append(aggregate(name, strict, runs))
-            (OUT / "results.json").write_text(json.dumps(
-                {"seed": seed, "trials": trials, "rows": rows, "scenarios": results}, indent=1))
+            results.append({**aggregate(name, strict, runs), "seed": seed, "rows": rows})
+            (OUT / "results.json").write_text(json.dumps({"scenarios": merged(results, bool(only))}, indent=1))
     finally:
         if "spark" in sessions:
             sessions["spark"].stop()
         for cluster in [kafka, *clusters.values()]:
             cluster.stop()
     print()
-    print(table(results))
+    print(table(json.loads((OUT / "results.json").read_text())["scenarios"] if results else results))
     print(f"\nseed {seed}; results in {OUT / 'results.json'}")
     return 0 if all(r["passed"] for r in results) else 1
 
