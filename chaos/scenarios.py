@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -79,6 +80,17 @@ def _write_with_fault(trial: Trial, fault: Callable[[threading.Event], None],
     return summary
 
 
+def _random_fault_setup(lab: Lab, rng: random.Random, n: int, name: str, partitions: int,
+                        cluster: KafkaCluster | None = None,
+                        replication: int | None = 1) -> tuple[Path, str, Any, list[str], float]:
+    """Work dir, topic, 3n records and a random fault point between 10% and 60% of them."""
+    cluster = cluster or lab.kafka
+    d = lab.dir(name)
+    topic = cluster.create_topic(f"chaos-{os.urandom(5).hex()}", 4, replication)
+    df, ids = lab.records(3 * n, partitions)
+    return d, topic, df, ids, rng.uniform(0.1, 0.6) * len(ids)
+
+
 # ---- 1. Python worker SIGKILL ----------------------------------------------------------------------------
 
 def python_worker_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
@@ -117,9 +129,7 @@ def python_worker_kill_random_moment(lab: Lab, rng: random.Random, n: int) -> Tr
     """A Python worker SIGKILLed from outside at a random moment of the write (not at a checkpoint). Kafka may
     have acknowledged records whose acknowledgement the worker had not yet made durable: the retry re-sends
     them. Expected: none lost; duplicates bounded by the records in flight at the kill."""
-    d, topic = lab.dir("worker-kill-random"), lab.topic(4)
-    df, ids = lab.records(3 * n, 2)
-    target = rng.uniform(0.1, 0.6) * len(ids)
+    d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "worker-kill-random", 2)
     notes: dict[str, object] = {"at_records": int(target)}
 
     def fault(done: threading.Event) -> None:
@@ -182,10 +192,7 @@ def executor_jvm_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
 # ---- 3./4. Broker SIGKILL and restart mid-write -----------------------------------------------------------
 
 def _broker_kill(lab: Lab, rng: random.Random, n: int, cluster: KafkaCluster, replication: int | None) -> Trial:
-    d = lab.dir("broker-kill")
-    topic = cluster.create_topic(f"chaos-{os.urandom(5).hex()}", 4, replication)
-    df, ids = lab.records(3 * n, 4)
-    target = rng.uniform(0.1, 0.6) * len(ids)
+    d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "broker-kill", 4, cluster, replication)
     down_s = rng.uniform(1.0, 5.0)
     notes: dict[str, object] = {"down_seconds": round(down_s, 2), "at_records": int(target)}
 
@@ -229,9 +236,7 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
     """The broker dies mid-write and stays down past delivery.timeout.ms: the job fails with an error naming
     topic and partition, the WAL keeps what Kafka did not acknowledge, and `recoverable-kafka-wal replay`
     delivers it once the broker is back."""
-    d, topic = lab.dir("broker-down"), lab.topic(4)
-    df, ids = lab.records(3 * n, 4)
-    target = rng.uniform(0.1, 0.6) * len(ids)
+    d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "broker-down", 4)
     notes: dict[str, object] = {"at_records": int(target)}
 
     def fault(done: threading.Event) -> None:

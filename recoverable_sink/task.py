@@ -10,6 +10,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -29,6 +30,7 @@ from recoverable_sink.delivery import (
 from recoverable_sink.errors import DeliveryError, RecordError
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import (
+    KafkaRecords,
     SchemaPlan,
     check_batch,
     equal_by_position,
@@ -161,6 +163,16 @@ class _PartitionCheck:
                 )
 
 
+_wal_threads: list[ThreadPoolExecutor] = []
+
+
+def _wal_thread() -> ThreadPoolExecutor:
+    """The process's WAL writer thread (Python workers are reused across tasks, so is the thread)."""
+    if not _wal_threads:
+        _wal_threads.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="recoverable-sink-wal"))
+    return _wal_threads[0]
+
+
 def _wait_and_checkpoint(producer: Producer, tracker: DeliveryTracker, wal: Wal | None, attempt_key: str | None,
                          timeout_s: float) -> None:
     wait_for_acks(producer, tracker, timeout_s)
@@ -225,7 +237,26 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
                                 host=socket.gethostname(), wal_path=wal.path if wal else None)
     tracker = DeliveryTracker()
     checker = _PartitionCheck(producer, where)
-    position = 0
+    position = 0  # records read from Spark (and handed to the WAL)
+    # One batch ahead: the WAL commit (fsync) of batch k+1 runs on a thread while batch k is produced; LMDB and
+    # Arrow release the GIL. Batch k+1 is produced only after its own commit returned.
+    pending: tuple[pa.RecordBatch, KafkaRecords, int, Future[int] | None] | None = None
+    wal_write: Future[int] | None = None
+
+    def produce_pending() -> None:
+        assert pending is not None
+        batch, records, first, stored = pending
+        if stored is not None:
+            message.wal_bytes += stored.result()
+        skip, replayed, diverged = replay.mask(first, batch) if replay else (None, 0, 0)
+        message.replayed += replayed
+        message.diverged += diverged
+        sent = produce(producer, records, plan.topic_option, first, skip, tracker, options.scrub)
+        message.published += sent
+        message.skipped += batch.num_rows - sent
+        _fault_hooks(options, ident, first + batch.num_rows, where,
+                     lambda: _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options)))
+
     try:
         for raw in batches:
             if raw.num_rows == 0:
@@ -238,18 +269,17 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
             if records.headers is not None and (row := header_key_problem(records.headers)) is not None:
                 raise RecordError(f"{where}, record {position + row}: a header has a null key; Kafka header "
                                   "keys must be strings")
+            wal_write = None
             if wal is not None and attempt_key is not None:
-                message.wal_bytes += wal.append(attempt_key, position, batch, options.wal_max_bytes,
-                                                tracker.take_dirty())
-            skip, replayed, diverged = replay.mask(position, batch) if replay else (None, 0, 0)
-            message.replayed += replayed
-            message.diverged += diverged
-            sent = produce(producer, records, plan.topic_option, position, skip, tracker, options.scrub)
-            message.published += sent
-            message.skipped += batch.num_rows - sent
+                wal_write = _wal_thread().submit(wal.append, attempt_key, position, batch, options.wal_max_bytes,
+                                                 tracker.take_dirty())
+            if pending is not None:
+                produce_pending()
+            pending = (batch, records, position, wal_write)
             position += batch.num_rows
-            _fault_hooks(options, ident, position, where,
-                         lambda: _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options)))
+        if pending is not None:
+            produce_pending()
+            pending = None
         _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options) + _FLUSH_MARGIN_S)
         if tracker.failed or tracker.outstanding:
             problem = tracker.first_error() or f"{tracker.outstanding} records still unacknowledged at the deadline"
@@ -262,6 +292,8 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
         # Give records already handed over their chance to be acknowledged and persist what was, so a retry
         # skips them; then drop the producer so no stale delivery reaches the next task.
         try:
+            if wal_write is not None:
+                wait([wal_write])  # its outcome does not matter here; LMDB commits whole or not at all
             if tracker.outstanding:
                 _wait_and_checkpoint(producer, tracker, wal, attempt_key,
                                      min(delivery_timeout_s(options), 60.0))
