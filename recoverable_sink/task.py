@@ -226,7 +226,7 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
     attempt_key: str | None = None
     replay: ReplayPlan | None = None
     if wal is not None:
-        priors = wal.prior_attempts(ident.write_id, ident.partition, own_key="")
+        priors = wal.prior_attempts(ident.write_id, ident.partition)
         replay = ReplayPlan(wal, priors)
         attempt_key = wal.begin_attempt(ident.write_id, ident.partition, ident.attempt,
                                         {**ident.extra, "topic": plan.topic_option})

@@ -126,8 +126,9 @@ class Wal:
                     attempt=meta.pop("attempt"), host=meta.pop("host"), created=meta.pop("created"), extra=meta))
         return found
 
-    def prior_attempts(self, write_id: str, partition: int, own_key: str) -> list[AttemptInfo]:
-        return [a for a in self.attempts(f"{write_id}/{partition:06d}/") if a.key != own_key]
+    def prior_attempts(self, write_id: str, partition: int) -> list[AttemptInfo]:
+        """Every attempt of this write's partition logged here, oldest first (asked before a new one begins)."""
+        return self.attempts(f"{write_id}/{partition:06d}/")
 
     # ---- writing --------------------------------------------------------------------------------------
     def append(self, attempt_key: str, first: int, batch: pa.RecordBatch, max_bytes: int,

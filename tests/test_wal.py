@@ -137,7 +137,7 @@ def test_replay_plan_skips_only_acknowledged_identical_records(wal_dir):
     old = wal.begin_attempt("w1", 0, 0, {})
     wal.append(old, 0, batch([b"r0", b"r1", b"r2", b"r3"]), 1 << 20, {})
     wal.save_acks(old, {0: bytearray(b"\x01\x01\x00\x01")})
-    plan = ReplayPlan(wal, wal.prior_attempts("w1", 0, own_key=""))
+    plan = ReplayPlan(wal, wal.prior_attempts("w1", 0))
     # r3 was acknowledged but the recomputed record at that position differs (non-deterministic source).
     skip, replayed, diverged = plan.mask(0, batch([b"r0", b"r1", b"r2", b"CHANGED", b"r4"]))
     assert skip == [True, True, False, False, False]
@@ -150,6 +150,6 @@ def test_replay_plan_handles_batches_that_straddle_old_segments(wal_dir):
     wal.append(old, 0, batch([b"a", b"b", b"c"]), 1 << 20, {})
     wal.append(old, 3, batch([b"d", b"e"]), 1 << 20, {0: bytearray(b"\x01\x01\x01")})
     wal.save_acks(old, {3: bytearray(b"\x01\x00")})
-    plan = ReplayPlan(wal, wal.prior_attempts("w1", 0, own_key=""))
+    plan = ReplayPlan(wal, wal.prior_attempts("w1", 0))
     assert plan.mask(0, batch([b"a", b"b"]))[0] == [True, True]
     assert plan.mask(2, batch([b"c", b"d", b"e"]))[0] == [True, True, False]
