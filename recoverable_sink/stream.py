@@ -39,7 +39,7 @@ def sweep(wal: Wal, query_id: str, batch_id: int, retention_s: float) -> None:
     batches of this query left by failed attempts (their retry ran elsewhere) are no longer needed. Logs of
     any streaming query older than ``wal.retentionHours`` are removed as abandoned, at most every 10 minutes.
     """
-    stale = [a.key for a in wal.attempts(f"{query_id}-b") if int(a.write_id.rsplit("-b", 1)[1]) < batch_id]
+    stale = [a.key for a in wal.attempts(f"{query_id}-b") if int(a.extra["batch_id"]) < batch_id]
     if stale:
         freed = wal.purge(stale)
         log.info("WAL %s: purged %d attempt log(s) of committed batches of query %s (%d bytes)",
