@@ -7,6 +7,18 @@ import os
 import sys
 
 LOGGER_NAME = "recoverable_sink"
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _root() -> logging.Logger:
+    root = logging.getLogger(LOGGER_NAME)
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(_FORMAT))
+        root.addHandler(handler)
+        root.setLevel(os.environ.get("RECOVERABLE_SINK_LOG_LEVEL", "INFO").upper())
+        root.propagate = False
+    return root
 
 
 def get_logger(name: str) -> logging.Logger:
@@ -16,11 +28,13 @@ def get_logger(name: str) -> logging.Logger:
     an INFO line written there is where a Spark user looks for it. ``RECOVERABLE_SINK_LOG_LEVEL``
     overrides the level.
     """
-    root = logging.getLogger(LOGGER_NAME)
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(os.environ.get("RECOVERABLE_SINK_LOG_LEVEL", "INFO").upper())
-        root.propagate = False
+    _root()
     return logging.getLogger(f"{LOGGER_NAME}.{name}")
+
+
+def configure(fmt: str, level: int | str) -> None:
+    """Set the package logger's format and level (the CLI's own, terser, format)."""
+    root = _root()
+    root.setLevel(level)
+    for handler in root.handlers:
+        handler.setFormatter(logging.Formatter(fmt))

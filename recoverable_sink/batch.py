@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -10,10 +11,13 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
+from recoverable_sink._logging import get_logger
+from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.summary import log_abort, log_commit, summarize, write_summary
-from recoverable_sink.task import TaskIdentity, write_partition
+
+log = get_logger("batch")
 
 
 class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
@@ -21,31 +25,52 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
     pickled into every task and every retry, so a retry finds the log of the attempt it replaces.
 
     ``wal.writeId`` sets it instead, for writes that are re-run as a whole and must find the earlier run's
-    log: in ``foreachBatch``, ``f"{query_id}-{batch_id}"`` makes a re-run micro-batch skip what the earlier
-    run delivered."""
+    log: re-running a failed write with the same ``wal.writeId`` sends only what Kafka never acknowledged, and
+    in ``foreachBatch``, ``f"{query_id}-{batch_id}"`` makes a re-run micro-batch skip what the earlier run
+    delivered. The proof of delivery of a ``wal.writeId`` write stays in the WAL for ``wal.retentionHours``."""
 
-    def __init__(self, options: SinkOptions, plan: SchemaPlan) -> None:
+    def __init__(self, options: SinkOptions, plan: SchemaPlan, cluster_id: str) -> None:
         self.options = options
         self.plan = plan
+        self.cluster_id = cluster_id
         self.write_id = options.write_id or uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        from recoverable_sink.task import write_partition  # executor-side code, imported where it runs
+
         ctx = TaskContext.get()
         assert ctx is not None, "write() runs inside a Spark task"
-        ident = TaskIdentity(
-            write_id=self.write_id,
-            partition=ctx.partitionId(),
-            attempt=ctx.attemptNumber(),
-            extra={"kind": "batch", "stage": ctx.stageId(), "task_attempt_id": ctx.taskAttemptId()},
-        )
-        return write_partition(iterator, self.options, self.plan, ident)
+        ident = TaskIdentity(write_id=self.write_id, partition=ctx.partitionId(), attempt=ctx.attemptNumber(),
+                             kind="batch", extra={"stage": ctx.stageId(), "task_attempt_id": ctx.taskAttemptId()})
+        return write_partition(iterator, self.options, self.plan, ident, self.cluster_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         summary = summarize(messages)
         log_commit(f"write {self.write_id}", summary)
         write_summary(self.options.summary_path, "commit", self.write_id, summary)
+        if self.options.write_id is None:
+            self._release_proof()
+
+    def _release_proof(self) -> None:
+        """A write under a generated id is never re-run, so once it is committed its proof of delivery is of no
+        use: drop it where the driver can reach it (local and local-cluster masters); executors on other hosts
+        drop it after wal.retentionHours."""
+        if not self.options.wal_enabled:
+            return
+        path = self.options.resolved_wal_path()
+        if not os.path.exists(os.path.join(path, "data.mdb")):
+            return
+        from recoverable_sink.wal import open_wal
+
+        wal = open_wal(path)
+        wal.purge([a.key for a in wal.attempts(f"{self.write_id}/")])
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         summary = summarize(messages)
-        log_abort(f"write {self.write_id}", summary, self.options.wal_path or "the default wal.path", self.write_id)
+        wal_path = self.options.wal_path or "the default wal.path"
+        log_abort(f"write {self.write_id}", summary, wal_path, self.write_id,
+                  f"re-run it with .option('wal.writeId', '{self.write_id}') once the cause is fixed: it sends only "
+                  "what Kafka never acknowledged (recomputed from the source), or, where every unfinished partition "
+                  f"was fully logged, `recoverable-kafka-wal replay --path {wal_path} --write-id {self.write_id} "
+                  "--bootstrap-servers ...` on each executor host")
         write_summary(self.options.summary_path, "abort", self.write_id, summary)

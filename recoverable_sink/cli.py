@@ -1,15 +1,18 @@
-"""``recoverable-kafka-wal``: inspect a WAL, re-send what failed writes left in it, purge it.
+"""``recoverable-kafka-wal``: inspect a WAL, finish failed writes from it, purge it.
 
 A batch job that failed (say the brokers were down longer than ``delivery.timeout.ms``) leaves, on each
-executor, the records Kafka never acknowledged. Re-running the job would send everything again under a new
-write id; ``replay`` instead sends exactly the unacknowledged records of that write, in their original order,
-then purges them::
+executor, the records Kafka never acknowledged. The first way to finish it is to re-run the job with
+``.option("wal.writeId", <the write id>)``: it recomputes its input and sends only what was never
+acknowledged. ``replay`` is the other way, without Spark: for each partition whose whole input reached
+this host's WAL it sends the records no attempt got acknowledged, and refuses (exit 1, naming them)
+partitions that were only partly logged here::
 
     recoverable-kafka-wal list   --path /data/rk-wal
     recoverable-kafka-wal replay --path /data/rk-wal --write-id 1ac57b... --bootstrap-servers broker:9092
     recoverable-kafka-wal purge  --path /data/rk-wal --write-id 1ac57b...
 
-Run it on each executor host that holds a WAL (the abort log line names the path and write id).
+Run it on each executor host that holds a WAL (the abort log line names the path and write id). Never needs
+Spark: this module imports no pyspark.
 """
 
 from __future__ import annotations
@@ -18,118 +21,165 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
-from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, get_producer, produce, wait_for_acks
+from confluent_kafka import Producer
+
+from recoverable_sink._logging import configure, get_logger
+from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produce, producers, wait_for_acks
 from recoverable_sink.errors import DeliveryError, RecoverableSinkError
+from recoverable_sink.identity import split
 from recoverable_sink.options import parse_options
 from recoverable_sink.records import to_records
-from recoverable_sink.task import ReplayPlan
-from recoverable_sink.wal import AttemptInfo, Wal, open_wal
+from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal
 
-log = logging.getLogger("recoverable_sink.cli")
+log = get_logger("cli")
 
 
 def describe(wal: Wal, write_id: str | None) -> list[dict[str, object]]:
+    """One row per attempt: what it logged, what Kafka acknowledged, what payload it still holds."""
     rows = []
+    now = time.time()
     for a in wal.attempts(f"{write_id}/" if write_id else ""):
         records = acked = size = 0
         for seg in wal.segments(a.key):
-            records += seg.batch.num_rows
+            records += seg.count
             acked += sum(seg.acked)
-            size += seg.batch.nbytes
+            size += seg.batch.nbytes if seg.batch is not None else 0
         rows.append({"write_id": a.write_id, "partition": a.partition, "attempt": a.attempt, "host": a.host,
-                     "created": a.created, "records": records, "acknowledged": acked,
-                     "unacknowledged": records - acked, "bytes": size, "topic": a.extra.get("topic"),
-                     "kind": a.extra.get("kind")})
+                     "state": a.state, "created": a.created, "age_s": round(now - a.created, 1),
+                     "records": records, "acknowledged": acked, "unacknowledged": records - acked,
+                     "bytes": size, "topic": a.extra.get("topic"), "kind": a.extra.get("kind")})
     return rows
 
 
-def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str]) -> dict[str, int]:
-    """Send every position no attempt got acknowledged, from the newest attempt that holds it."""
+@dataclass
+class ReplayCounts:
+    records: int = 0  # records the chosen attempt logged
+    sent: int = 0  # sent by this replay
+    already_delivered: int = 0  # acknowledged to some attempt before
+
+
+class NotFullyLogged(RecoverableSinkError):
+    """A partition's input never fully reached this WAL; replaying it would leave a hole."""
+
+
+def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str],
+                     producer: Producer | None = None) -> ReplayCounts:
+    """Finish one partition from the newest attempt that logged its whole input: send what that attempt logged
+    and no attempt got acknowledged (later attempts' acknowledgements count too, by record digest)."""
+    chosen = next((i for i in range(len(attempts) - 1, -1, -1) if attempts[i].state in (LOGGED, DONE)), None)
+    if chosen is None:
+        a = attempts[-1]
+        raise NotFullyLogged(
+            f"partition {a.partition} of write {a.write_id}: no attempt logged its whole input here "
+            f"({len(attempts)} partial attempt(s)); replaying would leave a hole. Re-run the write with "
+            f".option('wal.writeId', '{a.write_id}') instead: it sends only what was never acknowledged"
+        )
+    attempt, later = attempts[chosen], attempts[chosen + 1:]
     options = parse_options(kafka)
-    producer = get_producer(options)
-    counts = {"records": 0, "sent": 0, "already_delivered": 0}
-    covered = 0
-    for index in range(len(attempts) - 1, -1, -1):
-        attempt = attempts[index]
-        plan = ReplayPlan(wal, attempts[:index])
-        tracker = DeliveryTracker()
-        topic = attempt.extra.get("topic")
-        end = covered
-        for seg in wal.segments(attempt.key):
-            if seg.end <= covered:
-                continue
-            offset = max(0, covered - seg.first)
-            batch = seg.batch.slice(offset)
-            first = seg.first + offset
-            skip_prior, _, _ = plan.mask(first, batch)
-            skip = [bool(seg.acked[offset + i]) or bool(skip_prior and skip_prior[i]) for i in range(batch.num_rows)]
-            # Positions before `offset` belong to a newer attempt and were handled with it.
-            sent = produce(producer, to_records(seg.batch), topic if isinstance(topic, str) else None, seg.first,
-                           [True] * offset + skip, tracker, options.scrub)
-            counts["records"] += batch.num_rows
-            counts["sent"] += sent
-            counts["already_delivered"] += batch.num_rows - sent
-            end = max(end, seg.end)
-            wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)
-            wal.save_acks(attempt.key, tracker.take_dirty())
-        if tracker.failed or tracker.outstanding:
-            raise DeliveryError(f"replay of partition {attempt.partition} of write {attempt.write_id}: "
-                                f"{options.scrub(tracker.first_error() or 'records unacknowledged')}; "
-                                "the WAL keeps them, run replay again")
-        covered = end
-    wal.purge([a.key for a in attempts])
+    producer = producer if producer is not None else producers.get(options)
+    acked_later = wal.delivered(later)
+    counts = ReplayCounts()
+    tracker = DeliveryTracker()
+    topic = attempt.extra.get("topic")
+    for seg in wal.segments(attempt.key):
+        counts.records += seg.count
+        if seg.batch is None:  # every record acknowledged
+            counts.already_delivered += seg.count
+            continue
+        matched = acked_later.take(d for d, a in zip(split(seg.digests), seg.acked, strict=True) if not a)
+        it = iter(matched.skip)
+        skip = [bool(a) or next(it) for a in seg.acked]
+        sent = produce(producer, to_records(seg.batch), topic if isinstance(topic, str) else None, seg.first,
+                       skip, tracker, options.scrub)
+        counts.sent += sent
+        counts.already_delivered += seg.count - sent
+        wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)
+        wal.save_acks(attempt.key, tracker.take_dirty())
+    if tracker.failed or tracker.outstanding:
+        raise DeliveryError(f"replay of partition {attempt.partition} of write {attempt.write_id}: "
+                            f"{options.scrub(tracker.first_error() or 'records unacknowledged')}; "
+                            "the WAL keeps them, run replay again")
+    wal.finish(attempt.key, [a.key for a in attempts if a.key != attempt.key])
     return counts
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recoverable-kafka-wal", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("list", "replay", "purge"):
+    for name in ("list", "replay", "purge", "stats"):
         p = sub.add_parser(name)
         p.add_argument("--path", required=True, help="the wal.path of the write")
-        p.add_argument("--write-id", required=name != "list", help="the write id the abort log line names")
+        p.add_argument("--write-id", required=name in ("replay", "purge"),
+                       help="the write id the abort log line names")
         if name == "replay":
             p.add_argument("--bootstrap-servers", required=True)
             p.add_argument("--kafka", action="append", default=[], metavar="NAME=VALUE",
                            help="a producer setting, as the kafka.NAME option of the write (repeatable)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+            p.add_argument("--partitions", type=int, default=None,
+                           help="the write's partition count: also refuse when a partition is missing here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure("%(levelname)s %(name)s: %(message)s", logging.INFO)
     try:
         wal = open_wal(args.path)
         if args.command == "list":
             json.dump(describe(wal, args.write_id), sys.stdout, indent=1)
             sys.stdout.write("\n")
             return 0
-        attempts = wal.attempts(f"{args.write_id}/")
-        if not attempts:
-            log.info("no attempt of write %s in %s", args.write_id, wal.path)
+        if args.command == "stats":
+            json.dump(asdict(wal.stats()), sys.stdout)
+            sys.stdout.write("\n")
             return 0
+        attempts = wal.attempts(f"{args.write_id}/")
         if args.command == "purge":
             freed = wal.purge([a.key for a in attempts])
-            log.info("purged %d attempt(s) of write %s (%d bytes)", len(attempts), args.write_id, freed)
+            log.info("purged %d attempt(s) of write %s (%d payload bytes)", len(attempts), args.write_id, freed)
             return 0
-        kafka = {"kafka.bootstrap.servers": args.bootstrap_servers}
-        for item in args.kafka:
-            name, _, value = item.partition("=")
-            kafka[f"kafka.{name}"] = value
-        by_partition: dict[int, list[AttemptInfo]] = defaultdict(list)
-        for a in attempts:
-            by_partition[a.partition].append(a)
-        total = {"records": 0, "sent": 0, "already_delivered": 0}
-        for partition in sorted(by_partition):
-            counts = replay_partition(wal, by_partition[partition], kafka)
-            log.info("write %s partition %d: %s", args.write_id, partition, counts)
-            for k in total:
-                total[k] += counts[k]
-        json.dump({"write_id": args.write_id, "partitions": len(by_partition), **total}, sys.stdout)
-        sys.stdout.write("\n")
-        return 0
+        return _replay(wal, args, attempts)
     except RecoverableSinkError as exc:
         log.error("%s", exc)
         return 1
+
+
+def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> int:
+    kafka = {"kafka.bootstrap.servers": args.bootstrap_servers}
+    for item in args.kafka:
+        name, _, value = item.partition("=")
+        kafka[f"kafka.{name}"] = value
+    by_partition: dict[int, list[AttemptInfo]] = defaultdict(list)
+    for a in attempts:
+        by_partition[a.partition].append(a)
+    total = ReplayCounts()
+    refused: list[str] = []
+    for partition in sorted(by_partition):
+        try:
+            counts = replay_partition(wal, by_partition[partition], kafka)
+        except NotFullyLogged as exc:
+            refused.append(str(exc))
+            continue
+        log.info("write %s partition %d: %s", args.write_id, partition, asdict(counts))
+        for k, v in asdict(counts).items():
+            setattr(total, k, getattr(total, k) + v)
+    missing = sorted(set(range(args.partitions)) - set(by_partition)) if args.partitions else []
+    if missing:
+        refused.append(f"partitions {missing} of write {args.write_id} are not in {wal.path}: they ran on another "
+                       "host or never started; re-run the write with the same wal.writeId")
+    json.dump({"write_id": args.write_id, "partitions": len(by_partition), **asdict(total),
+               "refused": refused}, sys.stdout)
+    sys.stdout.write("\n")
+    if not by_partition:
+        log.warning("no attempt of write %s in %s: nothing to replay on this host", args.write_id, wal.path)
+    for problem in refused:
+        log.error("%s", problem)
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":

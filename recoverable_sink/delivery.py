@@ -1,5 +1,5 @@
-"""The Kafka producer side of a task (executor): one cached librdkafka producer per configuration and
-process, per-record delivery tracking, and error classification.
+"""The Kafka producer side of a task (executor): a small per-process pool of librdkafka producers,
+per-record delivery tracking, and error classification.
 
 librdkafka does the retrying (retriable errors are retried until ``delivery.timeout.ms``), the idempotent
 ordering and the murmur2 partitioning; this module only records which records Kafka acknowledged.
@@ -7,6 +7,7 @@ ordering and the murmur2 partitioning; this module only records which records Ka
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,32 +22,74 @@ from recoverable_sink.records import KafkaRecords
 
 log = get_logger("delivery")
 
-_producers: dict[tuple[tuple[str, str], ...], Producer] = {}
 _DEFAULT_DELIVERY_TIMEOUT_MS = 300_000  # librdkafka's default message.timeout.ms
+_POOL_MAX = 8
+_POOL_IDLE_S = 600.0  # like Spark's producer cache (spark.kafka.producer.cache.timeout, 10 minutes)
+
+ProducerKey = tuple[tuple[str, str], ...]
 
 
-def get_producer(options: SinkOptions) -> Producer:
-    """The process's producer for this configuration; Python workers are reused across tasks, so the
-    connection set-up is paid once per worker, not once per task."""
-    producer = _producers.get(options.producer_items)
-    if producer is None:
-        try:
-            producer = Producer(options.producer_config())
-        except KafkaException as exc:
-            raise DeliveryError(f"cannot create the Kafka producer: {options.scrub(str(exc))}") from None
-        _producers[options.producer_items] = producer
-    return producer
+class ProducerPool:
+    """Producers by configuration, reused across the tasks a Python worker runs (connection set-up is paid
+    once per worker, not once per task). At most ``max_size`` are kept; one idle for ``idle_s`` is flushed
+    briefly and closed the next time the pool is used."""
+
+    def __init__(self, max_size: int = _POOL_MAX, idle_s: float = _POOL_IDLE_S) -> None:
+        self.max_size = max_size
+        self.idle_s = idle_s
+        self._producers: dict[ProducerKey, tuple[Producer, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, options: SinkOptions) -> Producer:
+        now = time.monotonic()
+        with self._lock:
+            expired = [k for k, (_, used) in self._producers.items() if now - used > self.idle_s]
+            entry = self._producers.get(options.producer_items)
+            if entry is None:
+                while len(self._producers) - len(expired) >= self.max_size:
+                    expired.append(min((k for k in self._producers if k not in expired),
+                                       key=lambda k: self._producers[k][1]))
+                try:
+                    producer = Producer(options.producer_config())
+                except KafkaException as exc:
+                    raise DeliveryError(f"cannot create the Kafka producer: {options.scrub(str(exc))}") from None
+            else:
+                producer = entry[0]
+            self._producers[options.producer_items] = (producer, now)
+            stale = [self._producers.pop(k)[0] for k in expired if k != options.producer_items]
+        for old in stale:
+            _close(old, flush_s=1.0)
+        return producer
+
+    def discard(self, options: SinkOptions) -> None:
+        """Drop a producer after a failure so the next task starts with an empty queue and a fresh state."""
+        with self._lock:
+            entry = self._producers.pop(options.producer_items, None)
+        if entry is not None:
+            _close(entry[0], flush_s=0.0, purge=True)
+
+    def close(self) -> None:
+        """Flush (briefly) and drop every producer."""
+        with self._lock:
+            producers = [p for p, _ in self._producers.values()]
+            self._producers.clear()
+        for producer in producers:
+            _close(producer, flush_s=5.0)
+
+    def __len__(self) -> int:
+        return len(self._producers)
 
 
-def discard_producer(options: SinkOptions) -> None:
-    """Drop a producer after a failure so the next task starts with an empty queue and a fresh state."""
-    producer = _producers.pop(options.producer_items, None)
-    if producer is not None:
-        try:
+def _close(producer: Producer, flush_s: float, purge: bool = False) -> None:
+    try:
+        if purge:
             producer.purge()
-            producer.flush(0)
-        except (KafkaException, RuntimeError):
-            pass
+        producer.flush(flush_s)
+    except (KafkaException, RuntimeError) as exc:
+        log.debug("closing a producer: %s", exc)
+
+
+producers = ProducerPool()
 
 
 def delivery_timeout_s(options: SinkOptions) -> float:
@@ -106,10 +149,10 @@ class DeliveryTracker:
         return f"topic {topic} {where}: {err.name()} ({kind}): {err.str()}{more}"
 
 
-def _refused(exc: KafkaException, position: int, topic: str | None, partition: int | None,
+def _refused(exc: KafkaException, position: int, topic: str | None, partition: int,
              scrub: Callable[[str], str]) -> Exception:
     err = exc.args[0]
-    where = f"record {position} to topic {topic}" + (f" partition {partition}" if partition is not None else "")
+    where = f"record {position} to topic {topic}" + (f" partition {partition}" if partition >= 0 else "")
     if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
                       KafkaError._INVALID_ARG):
         return RecordError(f"{where} was refused by the producer: {err.name()}: {scrub(err.str())}")
@@ -118,8 +161,8 @@ def _refused(exc: KafkaException, position: int, topic: str | None, partition: i
 
 def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_first: int,
             skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
-    """Hand one segment's records to the producer, except those marked in ``skip`` (already delivered by
-    an earlier attempt), which are recorded as acknowledged. Returns how many were handed over.
+    """Hand one segment's records to the producer, except those marked in ``skip`` (already delivered),
+    which are recorded as acknowledged. Returns how many were handed over.
 
     Blocks (serving delivery reports) while librdkafka's local queue is full: nothing is dropped. This is
     the hot loop of the sink: one ``produce`` call and one small callback object per record."""
@@ -135,40 +178,27 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
     values = records.values
     keys = records.keys if records.keys is not None else [None] * n
     topics = records.topics if records.topics is not None else [topic] * n
-    simple = records.partitions is None and records.headers is None and records.timestamps is None
+    # Positional arguments (cheaper than keywords): topic, value, key, partition (-1: the partitioner picks),
+    # on_delivery, callback (unused alias), timestamp (0: unset), headers.
+    partitions = [-1 if p is None else p for p in records.partitions] if records.partitions is not None \
+        else [-1] * n
+    timestamps = [0 if t is None else t for t in records.timestamps] if records.timestamps is not None \
+        else [0] * n
+    headers = records.headers if records.headers is not None else [None] * n
     sent = 0
     try:
         for i in range(n):
             if skip is not None and skip[i]:
                 continue
-            on_delivery = partial(callback, seg_first, bitmap, i)
-            if simple:
-                # Positional arguments: topic, value, key, partition, callback (cheaper than keywords).
-                while True:
-                    try:
-                        send(topics[i], values[i], keys[i], -1, on_delivery)
-                        break
-                    except BufferError:
-                        poll(0.05)  # local queue full: serve delivery reports, then try again
-                    except KafkaException as exc:
-                        raise _refused(exc, seg_first + i, topics[i], None, scrub) from None
-            else:
-                kwargs: dict[str, object] = {}
-                partition = records.partitions[i] if records.partitions is not None else None
-                if partition is not None:
-                    kwargs["partition"] = partition
-                if records.headers is not None and records.headers[i]:
-                    kwargs["headers"] = records.headers[i]
-                if records.timestamps is not None and records.timestamps[i] is not None:
-                    kwargs["timestamp"] = records.timestamps[i]
-                while True:
-                    try:
-                        send(topics[i], values[i], keys[i], on_delivery=on_delivery, **kwargs)
-                        break
-                    except BufferError:
-                        poll(0.05)
-                    except KafkaException as exc:
-                        raise _refused(exc, seg_first + i, topics[i], partition, scrub) from None
+            while True:
+                try:
+                    send(topics[i], values[i], keys[i], partitions[i], partial(callback, seg_first, bitmap, i),
+                         None, timestamps[i], headers[i] or None)
+                    break
+                except BufferError:
+                    poll(0.05)  # local queue full: serve delivery reports, then try again
+                except KafkaException as exc:
+                    raise _refused(exc, seg_first + i, topics[i], partitions[i], scrub) from None
             sent += 1
     finally:
         # Counted even when a record is refused midway: the failure path waits for these acknowledgements.

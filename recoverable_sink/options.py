@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from recoverable_sink._faults import FAULT_PREFIX, FaultPlan, parse_faults
 from recoverable_sink.errors import OptionError
 
 KAFKA_PREFIX = "kafka."
-DEFAULT_WAL_MAX_BYTES = 4 << 30  # a task keeps its partition in the WAL until it ends: leave room for several
+DEFAULT_WAL_MAX_BYTES = 4 << 30  # payload Kafka has not acknowledged yet, for all tasks on a host
 DEFAULT_RETENTION_HOURS = 168.0
 DEFAULT_PREFLIGHT_TIMEOUT_MS = 30_000
 
@@ -28,7 +29,7 @@ PRODUCER_DEFAULTS: dict[str, str] = {
     "partitioner": "murmur2_random",
 }
 
-# Java producer property -> librdkafka property (value unchanged unless a converter is given).
+# Java producer property -> librdkafka property of the same meaning and value format.
 _RENAMED: dict[str, str] = {
     "max.request.size": "message.max.bytes",
     "send.buffer.bytes": "socket.send.buffer.bytes",
@@ -63,9 +64,6 @@ _SINK_OPTIONS = {
     "wal.writeid",
     "preflight.timeoutms",
     "summary.path",
-    "test.killafterrecords",
-    "test.pauseafterrecords",
-    "test.pausefile",
 }
 # Options Spark itself may hand to a streaming sink; they mean nothing here.
 _IGNORED = {"checkpointlocation", "queryname", "path"}
@@ -89,10 +87,8 @@ class SinkOptions:
     preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
     summary_path: str | None = None
     write_id: str | None = None
-    # Fault injection, for tests and the chaos campaign only (see README, "Testing hooks").
-    kill_after_records: int | None = field(default=None)
-    pause_after_records: int | None = None
-    pause_file: str | None = None
+    # Private fault injection for the test suite and the chaos campaign (``_test.*`` options); None for users.
+    faults: FaultPlan | None = None
 
     def producer_config(self) -> dict[str, str]:
         return dict(self.producer_items)
@@ -148,7 +144,7 @@ def _parse_bool(name: str, value: str) -> bool:
     raise OptionError(f"option {name}={value!r} must be true or false")
 
 
-def _parse_number(name: str, value: str, kind: type = float) -> float:
+def parse_number(name: str, value: str, kind: type = float) -> float:
     try:
         number = kind(value)
     except ValueError:
@@ -179,7 +175,7 @@ def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
         if name == "sasl.jaas.config":
             conf.update(_translate_jaas(value))
         elif name == "buffer.memory":
-            conf["queue.buffering.max.kbytes"] = str(max(1, int(_parse_number("kafka.buffer.memory", value, int))
+            conf["queue.buffering.max.kbytes"] = str(max(1, int(parse_number("kafka.buffer.memory", value, int))
                                                          // 1024))
         elif name == "ssl.endpoint.identification.algorithm" and value == "":
             conf[name] = "none"  # Java's empty string means "no hostname check"
@@ -226,7 +222,8 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """
     lowered = {str(k).lower(): str(v) for k, v in options.items()}
     kafka = {k[len(KAFKA_PREFIX):]: v for k, v in lowered.items() if k.startswith(KAFKA_PREFIX)}
-    unknown = sorted(k for k in lowered if not k.startswith(KAFKA_PREFIX) and k not in _SINK_OPTIONS | _IGNORED)
+    unknown = sorted(k for k in lowered if not k.startswith((KAFKA_PREFIX, FAULT_PREFIX))
+                     and k not in _SINK_OPTIONS | _IGNORED)
     if unknown:
         raise OptionError(
             f"unknown option(s) {', '.join(unknown)}: producer settings take the 'kafka.' prefix "
@@ -235,25 +232,19 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     topic = lowered.get("topic")
     if topic is not None and not topic.strip():
         raise OptionError("option topic is empty: give a topic name, or drop the option and use a topic column")
-    kill_after = lowered.get("test.killafterrecords")
-    pause_after = lowered.get("test.pauseafterrecords")
-    if pause_after and not lowered.get("test.pausefile"):
-        raise OptionError("option test.pauseAfterRecords needs test.pauseFile (the marker the test waits for)")
     return SinkOptions(
         producer_items=tuple(sorted(_producer_config(kafka).items())),
         topic=topic,
         wal_path=lowered.get("wal.path") or None,
         wal_max_bytes=parse_size("wal.maxBytes", lowered.get("wal.maxbytes", str(DEFAULT_WAL_MAX_BYTES))),
         wal_enabled=_parse_bool("wal.enabled", lowered.get("wal.enabled", "true")),
-        retention_seconds=_parse_number(
+        retention_seconds=parse_number(
             "wal.retentionHours", lowered.get("wal.retentionhours", str(DEFAULT_RETENTION_HOURS))
         ) * 3600,
-        preflight_timeout_s=_parse_number(
+        preflight_timeout_s=parse_number(
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,
         summary_path=lowered.get("summary.path") or None,
         write_id=_write_id(lowered.get("wal.writeid")),
-        kill_after_records=int(_parse_number("test.killAfterRecords", kill_after, int)) if kill_after else None,
-        pause_after_records=int(_parse_number("test.pauseAfterRecords", pause_after, int)) if pause_after else None,
-        pause_file=lowered.get("test.pausefile") or None,
+        faults=parse_faults(lowered),
     )

@@ -32,8 +32,9 @@ def _option_name(property_name: str, options: SinkOptions) -> str:
     return f"kafka.{property_name}"
 
 
-def check_cluster(options: SinkOptions) -> None:
-    """Raise an OptionError naming the option at fault if a task could not possibly succeed."""
+def check_cluster(options: SinkOptions) -> str:
+    """Raise an OptionError naming the option at fault if a task could not possibly succeed; return the
+    cluster id, part of every record's delivery identity (a write to another cluster never matches)."""
     try:
         producer = Producer(options.producer_config())
     except KafkaException as exc:
@@ -58,5 +59,9 @@ def check_cluster(options: SinkOptions) -> None:
                     f"option topic={options.topic}: the topic does not exist or is not accessible ({reason}); "
                     "create it first (the sink does not rely on broker auto-creation)"
                 )
+        if not metadata.cluster_id:
+            raise OptionError(f"kafka.bootstrap.servers={options.bootstrap_servers} did not report a cluster id; "
+                              "the sink needs Kafka 0.10.1 or later")
+        return metadata.cluster_id
     finally:
         producer.flush(0)

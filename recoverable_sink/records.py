@@ -1,62 +1,23 @@
-"""The Kafka sink schema: checked on the driver against the DataFrame, applied on executors to each Arrow
-batch (normalise columns, reject records Kafka would refuse, turn columns into producer arguments).
+"""Records on the executor: normalise each Arrow batch to the Kafka record shape, reject records Kafka would
+refuse (the one home of record validation), and turn columns into producer arguments.
 
-The schema is Spark's built-in Kafka sink's: ``value`` (string or binary, required), ``key`` (string or
-binary), ``topic`` (string; the ``topic`` option overrides it), ``partition`` (int), ``headers``
-(array<struct<key: string, value: binary>>), plus ``timestamp`` (timestamp) for the record's CreateTime.
+No pyspark import here: the ``recoverable-kafka-wal`` CLI uses this module too. The driver-side check of the
+DataFrame schema is in :mod:`recoverable_sink.schema`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    ByteType,
-    DataType,
-    IntegerType,
-    ShortType,
-    StringType,
-    StructType,
-    TimestampType,
-)
 
-from recoverable_sink.errors import RecordError, SchemaError
+from recoverable_sink.errors import RecordError
 
+# The sink's input columns, in the order a normalised batch keeps them.
 COLUMNS = ("key", "value", "topic", "partition", "headers", "timestamp")
-_EXPECTED = {
-    "key": "string or binary",
-    "value": "string or binary",
-    "topic": "string",
-    "partition": "int",
-    "headers": "array<struct<key: string, value: binary>>",
-    "timestamp": "timestamp",
-}
-
-
-def _type_ok(column: str, dtype: DataType) -> bool:
-    if column in ("key", "value"):
-        return isinstance(dtype, StringType | BinaryType)
-    if column == "topic":
-        return isinstance(dtype, StringType)
-    if column == "partition":
-        return isinstance(dtype, IntegerType | ShortType | ByteType)
-    if column == "timestamp":
-        return isinstance(dtype, TimestampType)
-    # headers
-    if not isinstance(dtype, ArrayType) or not isinstance(dtype.elementType, StructType):
-        return False
-    fields = {f.name: f.dataType for f in dtype.elementType.fields}
-    return (
-        set(fields) == {"key", "value"}
-        and isinstance(fields["key"], StringType)
-        and isinstance(fields["value"], BinaryType)
-    )
 
 
 @dataclass(frozen=True)
@@ -69,39 +30,6 @@ class SchemaPlan:
     @property
     def topic_from_column(self) -> bool:
         return self.topic_option is None
-
-
-def plan_schema(schema: StructType, topic_option: str | None) -> SchemaPlan:
-    """Check a DataFrame schema against the Kafka sink schema on the driver, before any task runs.
-
-    >>> from pyspark.sql.types import StructType, StructField, StringType, LongType
-    >>> plan_schema(StructType([StructField("value", StringType())]), "t").columns
-    ('value',)
-    >>> plan_schema(StructType([StructField("value", LongType())]), "t")
-    Traceback (most recent call last):
-    ...
-    recoverable_sink.errors.SchemaError: column value has type bigint; the Kafka sink needs string or binary: ...
-    """
-    names = [f.name for f in schema.fields]
-    unknown = [n for n in names if n not in COLUMNS]
-    if unknown:
-        raise SchemaError(
-            f"column(s) {', '.join(unknown)} are not part of the Kafka sink schema ({', '.join(COLUMNS)}); "
-            "select or drop them, or fold them into value (to_json(struct(...)))"
-        )
-    for f in schema.fields:
-        if not _type_ok(f.name, f.dataType):
-            hint = "build it with array(struct(lit('k').alias('key'), col.cast('binary').alias('value')))" \
-                if f.name == "headers" else f"cast it, e.g. col('{f.name}').cast('{_EXPECTED[f.name].split()[0]}')"
-            raise SchemaError(
-                f"column {f.name} has type {f.dataType.simpleString()}; the Kafka sink needs "
-                f"{_EXPECTED[f.name]}: {hint}"
-            )
-    if "value" not in names:
-        raise SchemaError("the Kafka sink needs a value column (string or binary); none was found")
-    if topic_option is None and "topic" not in names:
-        raise SchemaError("no topic: set the topic option or add a topic column (string)")
-    return SchemaPlan(columns=tuple(n for n in COLUMNS if n in names), topic_option=topic_option)
 
 
 @dataclass
@@ -135,31 +63,74 @@ def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def check_batch(batch: pa.RecordBatch, plan: SchemaPlan, where: str, first_position: int,
-                max_message_bytes: int) -> None:
-    """Reject a batch holding a record Kafka would refuse, before any of it enters the WAL."""
+def _first(mask: pa.Array) -> int | None:
+    """Index of the first true value of a boolean array, or None."""
+    if not pc.any(mask).as_py():
+        return None
+    return pc.index(mask, True).as_py()
+
+
+def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, first_position: int,
+                max_message_bytes: int, partition_count: Callable[[str], int]) -> None:
+    """Reject a normalised batch holding a record Kafka would refuse, before any of it enters the WAL.
+
+    ``partition_count(topic)`` answers from the cluster's metadata (and raises a RecordError naming a topic
+    that does not exist); it is asked once per distinct topic only when the batch routes by a topic column
+    or names explicit partitions.
+
+    >>> b = pa.RecordBatch.from_pydict({"value": [b"x"], "partition": pa.array([-1], pa.int32())})
+    >>> check_batch(b, "t", "partition 0", 10, 1000, lambda topic: 3)
+    Traceback (most recent call last):
+    ...
+    recoverable_sink.errors.RecordError: partition 0, record 10: partition -1 is negative
+    """
     names = batch.schema.names
-    if "topic" in names and batch.column("topic").null_count:
-        row = pc.index(pc.is_null(batch.column("topic")), True).as_py()
+    topics = batch.column("topic") if "topic" in names else None
+    if topics is not None and (row := _first(pc.is_null(topics))) is not None:
         raise RecordError(f"{where}, record {first_position + row}: topic is null and no topic option is set; "
                           "fill the topic column or set the topic option")
     if "partition" in names:
-        negative = pc.less(batch.column("partition"), 0)
-        if pc.any(negative).as_py():
-            row = pc.index(negative, True).as_py()
-            raise RecordError(f"{where}, record {first_position + row}: partition "
-                              f"{batch.column('partition')[row].as_py()} is negative")
-    size = pc.binary_length(batch.column("value").cast(pa.binary()))
+        parts = batch.column("partition")
+        if (row := _first(pc.less(parts, 0))) is not None:
+            raise RecordError(f"{where}, record {first_position + row}: partition {parts[row].as_py()} is negative")
+    if "headers" in names:
+        _check_header_keys(batch.column("headers"), where, first_position)
+    size = pc.fill_null(pc.binary_length(batch.column("value").cast(pa.binary())), 0)
     if "key" in names:
-        size = pc.add(pc.fill_null(size, 0), pc.fill_null(pc.binary_length(batch.column("key").cast(pa.binary())), 0))
-    too_big = pc.greater(pc.fill_null(size, 0), max_message_bytes)
-    if pc.any(too_big).as_py():
-        row = pc.index(too_big, True).as_py()
+        size = pc.add(size, pc.fill_null(pc.binary_length(batch.column("key").cast(pa.binary())), 0))
+    if (row := _first(pc.greater(size, max_message_bytes))) is not None:
         raise RecordError(
             f"{where}, record {first_position + row}: key+value is {size[row].as_py()} bytes, more than the "
             f"producer's message.max.bytes={max_message_bytes}; raise kafka.message.max.bytes (and the topic's "
             "max.message.bytes) or make the record smaller"
         )
+    if topics is None and "partition" not in names:
+        return  # the topic option was checked on the driver
+    distinct = [topic_option] if topics is None else pc.unique(topics).to_pylist()
+    for topic in distinct:
+        count = partition_count(topic)
+        if "partition" not in names:
+            continue
+        parts = batch.column("partition")
+        out_of_range = pc.greater_equal(parts, count)
+        if topics is not None:
+            out_of_range = pc.and_(out_of_range, pc.equal(topics, topic))
+        if (row := _first(pc.fill_null(out_of_range, False))) is not None:
+            raise RecordError(
+                f"{where}, record {first_position + row}: partition {parts[row].as_py()} is out of range for topic "
+                f"{topic}, which has {count} partitions (0..{count - 1}); fix the partition column or drop it"
+            )
+
+
+def _check_header_keys(headers: pa.Array, where: str, first_position: int) -> None:
+    flat = pc.list_flatten(headers)
+    if len(flat) == 0:
+        return
+    null_key = pc.is_null(pc.struct_field(flat, "key"))
+    if (index := _first(null_key)) is not None:
+        row = pc.list_parent_indices(headers)[index].as_py()
+        raise RecordError(f"{where}, record {first_position + row}: a header has a null key; Kafka header keys "
+                          "must be strings")
 
 
 def to_records(batch: pa.RecordBatch) -> KafkaRecords:
@@ -180,34 +151,3 @@ def to_records(batch: pa.RecordBatch) -> KafkaRecords:
         headers=headers,
         timestamps=column("timestamp"),
     )
-
-
-def equal_by_position(old: pa.RecordBatch, new: pa.RecordBatch) -> list[bool]:
-    """For two batches of the same length, whether each record is identical in every column.
-
-    Used on a retry to decide whether a record an earlier attempt got acknowledged is the record now
-    recomputed at the same position (a deterministic source) or a different one.
-    """
-    if old.schema.names != new.schema.names or old.num_rows != new.num_rows:
-        return [False] * new.num_rows
-    same: pa.Array | None = None
-    for name in new.schema.names:
-        a, b = old.column(name), new.column(name)
-        if pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
-            eq = pa.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)])
-        else:
-            if a.type != b.type:
-                b = b.cast(a.type)
-            both_null = pc.and_(pc.is_null(a), pc.is_null(b))
-            eq = pc.or_(pc.fill_null(pc.equal(a, b), False), both_null)
-        same = eq if same is None else pc.and_(same, eq)
-    assert same is not None
-    return same.to_pylist()
-
-
-def header_key_problem(headers: Sequence[list[tuple[str, bytes | None]] | None]) -> int | None:
-    """Index of the first record with a null header key (Kafka requires header keys), or None."""
-    for i, hs in enumerate(headers):
-        if hs and any(k is None for k, _ in hs):
-            return i
-    return None

@@ -6,15 +6,24 @@ brokers answer and the topic exists.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.types import StructType
 
 from recoverable_sink.batch import RecoverableKafkaBatchWriter
 from recoverable_sink.errors import OptionError
-from recoverable_sink.options import parse_options
+from recoverable_sink.options import SinkOptions, parse_options
 from recoverable_sink.preflight import check_cluster
-from recoverable_sink.records import plan_schema
+from recoverable_sink.records import SchemaPlan
+from recoverable_sink.schema import plan_schema
 from recoverable_sink.stream import RecoverableKafkaStreamWriter
+
+
+class WriterArgs(NamedTuple):
+    options: SinkOptions
+    plan: SchemaPlan
+    cluster_id: str
 
 
 class RecoverableKafkaDataSource(DataSource):
@@ -43,11 +52,11 @@ class RecoverableKafkaDataSource(DataSource):
     def schema(self) -> StructType:
         raise OptionError("recoverable_kafka is a sink: read the topic back with format('kafka')")
 
-    def _validated(self, schema: StructType) -> tuple:
+    def _writer_args(self, schema: StructType) -> WriterArgs:
+        """Options, schema plan and cluster id, all checked on the driver before any task runs."""
         options = parse_options(self.options)
         plan = plan_schema(schema, options.topic)
-        check_cluster(options)
-        return options, plan
+        return WriterArgs(options, plan, check_cluster(options))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
@@ -55,9 +64,9 @@ class RecoverableKafkaDataSource(DataSource):
                 "save mode Overwrite is not supported: a Kafka topic is an append-only log that cannot be "
                 "truncated by a write; use mode('append') (format('kafka') refuses Overwrite too)"
             )
-        return RecoverableKafkaBatchWriter(*self._validated(schema))
+        return RecoverableKafkaBatchWriter(*self._writer_args(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
         # overwrite is set for outputMode("complete"): like format("kafka"), every trigger then appends the whole
         # result table to the topic; there is nothing to truncate in Kafka.
-        return RecoverableKafkaStreamWriter(*self._validated(schema))
+        return RecoverableKafkaStreamWriter(*self._writer_args(schema))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.task import SinkCommitMessage
+from recoverable_sink.contract import SinkCommitMessage
 
 log = get_logger("summary")
 
@@ -23,6 +23,8 @@ def summarize(messages: Sequence[object]) -> dict[str, object]:
     totals["partitions"] = len(messages)
     totals["failed_partitions"] = len(messages) - len(done)
     totals["retried_partitions"] = sum(1 for m in done if m.attempt > 0)
+    totals["finished"] = sorted(m.partition for m in done)
+    totals["unfinished"] = [i for i, m in enumerate(messages) if not isinstance(m, SinkCommitMessage)]
     totals["tasks"] = [asdict(m) for m in done]
     return totals
 
@@ -39,23 +41,23 @@ def write_summary(path: str | None, event: str, write_id: str, summary: dict[str
 def log_commit(label: str, summary: dict[str, object]) -> None:
     log.info(
         "%s committed: %d records in %d partitions, %d published, %d acknowledged, %d skipped as already "
-        "delivered, %d replayed, %d diverged, %d partitions retried",
+        "delivered, %d re-sent after an earlier attempt logged them, %d partitions retried",
         label, summary["received"], summary["partitions"], summary["published"], summary["acknowledged"],
-        summary["skipped"], summary["replayed"], summary["diverged"], summary["retried_partitions"],
+        summary["skipped"], summary["replayed"], summary["retried_partitions"],
     )
     if summary["diverged"]:
-        log.warning("%s: %d records differed from what an earlier attempt had delivered (non-deterministic "
+        log.warning("%s: %d records an earlier attempt delivered were not in the recomputed input (non-deterministic "
                     "input); both versions are in Kafka", label, summary["diverged"])
 
 
-def log_abort(label: str, summary: dict[str, object], wal_path: str, write_id: str) -> None:
-    tasks = summary["tasks"]
-    assert isinstance(tasks, list)
-    purged = sorted(t["partition"] for t in tasks)
+def log_abort(label: str, summary: dict[str, object], wal_path: str, write_id: str, how_to_finish: str) -> None:
+    """The abort line: which partitions finished, which did not, where their records are, what to run."""
     log.error(
-        "%s aborted: %d of %d partitions did not finish; the records Kafka did not acknowledge stay in the WAL "
-        "under %s on the executors that ran them (write id %s; `recoverable-kafka-wal list --path %s "
-        "--write-id %s` shows them). Partitions that finished and purged their WAL: %s",
-        label, summary["failed_partitions"], summary["partitions"], wal_path, write_id, wal_path, write_id,
-        purged or "none",
+        "%s aborted: %d of %d partitions did not finish (%s); partitions that finished: %s. Records Kafka did not "
+        "acknowledge stay in the WAL under %s on the executors that ran them (write id %s): "
+        "`recoverable-kafka-wal list --path %s --write-id %s` on each executor host shows which partitions are "
+        "there and whether each was fully logged; a partition found on no host never started. To finish the "
+        "write: %s",
+        label, summary["failed_partitions"], summary["partitions"], summary["unfinished"] or "none",
+        summary["finished"] or "none", wal_path, write_id, wal_path, write_id, how_to_finish,
     )

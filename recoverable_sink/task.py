@@ -1,167 +1,49 @@
-"""One Spark task's write (executor): earlier attempts -> WAL -> produce -> acknowledgements -> purge.
+"""One Spark task's write (executor): earlier attempts -> WAL -> produce -> acknowledgements -> proof.
 
-Shared by the batch and the streaming writer; only the WAL identity differs (write id vs query/batch id).
+Shared by the batch and the streaming writer; only the identity differs (write id vs query/batch id).
+:class:`PartitionWriter` needs no Spark: a test drives it with plain Arrow batches.
+
+The protocol, per (write id, partition):
+1. A new attempt reads what earlier attempts on this host logged: the digests of the records Kafka
+   acknowledged to them (see :mod:`recoverable_sink.identity`).
+2. Each input batch is normalised and checked; records whose digest matches an acknowledged one are skipped
+   (as a multiset), the rest are logged to the WAL (fsynced, with their digests) before the producer sees them.
+3. Delivery callbacks fill per-segment bitmaps, checkpointed with every WAL transaction and on a short timer;
+   a fully acknowledged segment keeps only its digests.
+4. Once the whole partition is logged the attempt is ``logged``; once Kafka acknowledged everything it is
+   ``done`` and keeps only digests, as proof of delivery until the write is certainly committed.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Producer
-from pyspark.sql.datasource import WriterCommitMessage
 
+from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
-from recoverable_sink.delivery import (
-    DeliveryTracker,
-    delivery_timeout_s,
-    discard_producer,
-    get_producer,
-    produce,
-    wait_for_acks,
-)
+from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
+from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produce, producers, wait_for_acks
 from recoverable_sink.errors import DeliveryError, RecordError
+from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.records import (
-    KafkaRecords,
-    SchemaPlan,
-    check_batch,
-    equal_by_position,
-    header_key_problem,
-    normalise,
-    to_records,
-)
-from recoverable_sink.wal import AttemptInfo, Segment, Wal, open_wal
+from recoverable_sink.records import SchemaPlan, check_batch, normalise, to_records
+from recoverable_sink.wal import LOGGED, AttemptInfo, Wal, open_wal, sweep_now_and_then
 
 log = get_logger("task")
 
-_FLUSH_MARGIN_S = 30.0
+_FLUSH_MARGIN_S = 30.0  # past librdkafka's own delivery timeout, which reports every undelivered record
 
 
-@dataclass
-class TaskIdentity:
-    """Who is writing: the WAL identity is (write id, partition, attempt)."""
-
-    write_id: str
-    partition: int
-    attempt: int
-    extra: dict[str, object] = field(default_factory=dict)
-
-
-@dataclass
-class SinkCommitMessage(WriterCommitMessage):
-    """What one task reports to the driver's ``commit``."""
-
-    write_id: str
-    partition: int
-    attempt: int
-    host: str
-    wal_path: str | None
-    received: int = 0  # records in the partition
-    published: int = 0  # handed to the producer by this attempt
-    acknowledged: int = 0  # acknowledged by Kafka to this attempt
-    skipped: int = 0  # not re-sent: an earlier attempt got the same record acknowledged
-    replayed: int = 0  # re-sent: an earlier attempt accepted it but never got it acknowledged
-    diverged: int = 0  # an earlier attempt's acknowledged record differs from the recomputed one; sent
-    wal_bytes: int = 0
-    seconds: float = 0.0
-
-
-class _PriorCursor:
-    """Walks one earlier attempt's segments in position order, decoding each once."""
-
-    def __init__(self, wal: Wal, info: AttemptInfo) -> None:
-        self.info = info
-        self._segments: Iterator[Segment] = wal.segments(info.key)
-        self._current: Segment | None = next(self._segments, None)
-
-    def overlapping(self, first: int, end: int) -> Iterator[Segment]:
-        while self._current is not None and self._current.end <= first:
-            self._current = next(self._segments, None)
-        seg = self._current
-        while seg is not None and seg.first < end:
-            yield seg
-            if seg.end > end:
-                return
-            seg = self._current = next(self._segments, None)
-
-
-class ReplayPlan:
-    """Decides, position by position, what earlier attempts of the same partition already delivered."""
-
-    def __init__(self, wal: Wal, priors: list[AttemptInfo]) -> None:
-        self.cursors = [_PriorCursor(wal, p) for p in priors]
-
-    def mask(self, first: int, batch: pa.RecordBatch) -> tuple[list[bool] | None, int, int]:
-        """(skip mask or None, replayed, diverged) for records at positions [first, first + n)."""
-        if not self.cursors:
-            return None, 0, 0
-        n = batch.num_rows
-        skip = [False] * n
-        seen = [False] * n
-        differs = [False] * n
-        for cursor in self.cursors:
-            for seg in cursor.overlapping(first, first + n):
-                lo, hi = max(first, seg.first), min(first + n, seg.end)
-                equal = equal_by_position(seg.batch.slice(lo - seg.first, hi - lo),
-                                          batch.slice(lo - first, hi - lo))
-                for j in range(hi - lo):
-                    i = lo - first + j
-                    seen[i] = True
-                    if seg.acked[lo - seg.first + j]:
-                        if equal[j]:
-                            skip[i] = True
-                        else:
-                            differs[i] = True
-        diverged = sum(1 for i in range(n) if differs[i] and not skip[i])
-        replayed = sum(1 for i in range(n) if seen[i] and not skip[i] and not differs[i])
-        return skip, replayed, diverged
-
-
-class _PartitionCheck:
-    """Checks explicit partitions and topic columns against the cluster's metadata, once per topic."""
-
-    def __init__(self, producer: Producer, where: str) -> None:
-        self.producer = producer
-        self.where = where
-        self.counts: dict[str, int] = {}
-
-    def partition_count(self, topic: str) -> int:
-        if topic not in self.counts:
-            meta = self.producer.list_topics(topic, timeout=30).topics.get(topic)
-            if meta is None or meta.error is not None:
-                reason = meta.error.str() if meta is not None and meta.error is not None else "no metadata"
-                raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}); "
-                                  "create it first (the sink does not rely on broker auto-creation)")
-            self.counts[topic] = len(meta.partitions)
-        return self.counts[topic]
-
-    def check(self, batch: pa.RecordBatch, topic: str | None, first: int) -> None:
-        names = batch.schema.names
-        topics = batch.column("topic") if "topic" in names else None
-        distinct = [topic] if topics is None else pc.unique(topics).to_pylist()
-        for t in distinct:
-            count = self.partition_count(t)
-            if "partition" not in names:
-                continue
-            parts = batch.column("partition")
-            mask = pc.greater_equal(parts, count)
-            if topics is not None:
-                mask = pc.and_(mask, pc.equal(topics, t))
-            if pc.any(mask).as_py():
-                row = pc.index(mask, True).as_py()
-                raise RecordError(
-                    f"{self.where}, record {first + row}: partition {parts[row].as_py()} is out of range for topic "
-                    f"{t}, which has {count} partitions (0..{count - 1}); fix the partition column or drop it"
-                )
-
+def _final_wait_s(options: SinkOptions) -> float:
+    timeout = delivery_timeout_s(options)
+    return timeout + min(_FLUSH_MARGIN_S, max(1.0, timeout))
+_CHECKPOINT_EVERY_S = 0.5  # acknowledgements reach the WAL at least this often, so a hard kill repeats little
 
 _wal_threads: list[ThreadPoolExecutor] = []
 
@@ -173,144 +55,213 @@ def _wal_thread() -> ThreadPoolExecutor:
     return _wal_threads[0]
 
 
-def _wait_and_checkpoint(producer: Producer, tracker: DeliveryTracker, wal: Wal | None, attempt_key: str | None,
-                         timeout_s: float) -> None:
-    wait_for_acks(producer, tracker, timeout_s)
-    if wal is not None and attempt_key is not None:
-        wal.save_acks(attempt_key, tracker.take_dirty())
+class _Partitions:
+    """Partition counts of the topics a batch names, from the cluster's metadata, asked once per topic."""
+
+    def __init__(self, producer: Producer, where: str) -> None:
+        self.producer = producer
+        self.where = where
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, topic: str) -> int:
+        if topic not in self.counts:
+            meta = self.producer.list_topics(topic, timeout=30).topics.get(topic)
+            if meta is None or meta.error is not None:
+                reason = meta.error.str() if meta is not None and meta.error is not None else "no metadata"
+                raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}); "
+                                  "create it first (the sink does not rely on broker auto-creation)")
+            self.counts[topic] = len(meta.partitions)
+        return self.counts[topic]
 
 
-def _fault_hooks(options: SinkOptions, ident: TaskIdentity, position: int, where: str,
-                 checkpoint: Callable[[], None]) -> None:
-    """Fault injection for tests and the chaos campaign (``test.*`` options), at a known point: once the
-    records produced so far are acknowledged and checkpointed."""
-    if options.kill_after_records is not None and ident.attempt == 0 and position >= options.kill_after_records:
-        checkpoint()
-        log.warning("%s: test.killAfterRecords reached at %d records; killing this worker", where, position)
-        os.kill(os.getpid(), signal.SIGKILL)
-    marker = options.pause_file
-    if options.pause_after_records is not None and marker and position >= options.pause_after_records \
-            and not os.path.exists(marker):
-        checkpoint()
-        # The marker appears whole (link of a written file) and only once (link fails if it exists), so a
-        # restarted query does not pause again and the test never reads it half-written.
-        staging = f"{marker}.{os.getpid()}"
-        with open(staging, "w", encoding="utf-8") as out:
-            out.write(f"{ident.write_id} {ident.partition} {position} {os.getpid()}\n")
-        try:
-            os.link(staging, marker)
-        except FileExistsError:
+@dataclass(frozen=True)
+class _Pending:
+    """A batch on its way: logged (or being logged) to the WAL, not yet handed to the producer."""
+
+    batch: pa.RecordBatch
+    first: int
+    stored: Future[int] | None
+
+
+class PartitionWriter:
+    """Writes one partition: ``write(batch)`` for each Arrow batch, then ``commit()`` (returns the commit
+    message) or, on any failure, ``abort()``. Shaped like Spark's ``KafkaDataWriter`` and Flink's
+    ``SinkWriter``; the Spark writers call :func:`write_partition`.
+
+    One batch ahead: the fsynced WAL commit of batch k+1 runs on a thread while batch k is produced (LMDB
+    and Arrow release the GIL); batch k+1 is produced only after its own commit returned, and once a WAL
+    write failed no later batch enters the log."""
+
+    def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
+                 faults: FaultPlan | None = None, producer: Producer | None = None) -> None:
+        self.options = options
+        self.plan = plan
+        self.ident = ident
+        self.cluster_id = cluster_id
+        self.faults = faults
+        self.where = ident.where
+        self.started = time.monotonic()
+        self.producer = producer if producer is not None else producers.get(options)
+        self.max_message = int(options.producer_config().get("message.max.bytes", 1_000_000))
+        self.partitions = _Partitions(self.producer, self.where)
+        self.tracker = DeliveryTracker()
+        self.position = 0  # records read from Spark
+        self.logged = 0  # records handed to the WAL (the ones this attempt must send)
+        self._pending: _Pending | None = None
+        self._last_store: Future[int] | None = None
+        self._wal_failed: BaseException | None = None
+        self._last_checkpoint = time.monotonic()
+        self.wal: Wal | None = open_wal(options.resolved_wal_path()) if options.wal_enabled else None
+        self.priors: list[AttemptInfo] = []
+        self.delivered = DeliveredSet()
+        self.attempt_key: str | None = None
+        if self.wal is not None:
+            sweep_now_and_then(self.wal, options.retention_seconds)
+            self.priors = self.wal.prior_attempts(ident.write_id, ident.partition)
+            self.delivered = self.wal.delivered(self.priors)
+            self.attempt_key = self.wal.begin_attempt(
+                ident.write_id, ident.partition, ident.attempt,
+                {**ident.extra, "kind": ident.kind, "topic": plan.topic_option, "cluster_id": cluster_id})
+            if self.priors:
+                log.info("%s: found %d earlier attempt(s) in WAL %s; sending only what Kafka never acknowledged",
+                         self.where, len(self.priors), self.wal.path)
+        self.message = SinkCommitMessage(write_id=ident.write_id, partition=ident.partition, attempt=ident.attempt,
+                                         host=socket.gethostname(), wal_path=self.wal.path if self.wal else None)
+
+    # ---- the data path ---------------------------------------------------------------------------------
+    def write(self, raw: pa.RecordBatch) -> None:
+        """Check one batch, log what must be sent, and produce the batch before it."""
+        if raw.num_rows == 0:
             return
-        finally:
-            os.unlink(staging)
-        log.warning("%s: test.pauseAfterRecords reached at %d records; pausing for the test to kill a process",
-                    where, position)
-        parent, deadline = os.getppid(), time.monotonic() + 300
-        while os.getppid() == parent and time.monotonic() < deadline:
-            time.sleep(0.1)
-        # Whoever we paused for is gone (or never came): leave without touching the WAL again.
-        os._exit(1)
+        batch = normalise(raw, self.plan)
+        check_batch(batch, self.plan.topic_option, self.where, self.position, self.max_message, self.partitions)
+        self.position += batch.num_rows
+        if self.wal is not None:
+            digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
+            if self.delivered:
+                match = self.delivered.take(split(digests))
+                self.message.replayed += match.replayed
+                sent = [not s for s in match.skip]
+                if not all(sent):
+                    self.message.skipped += batch.num_rows - sum(sent)
+                    mask = pa.array(sent)
+                    batch = batch.filter(mask)
+                    digests = b"".join(d for d, keep in zip(split(digests), sent, strict=True) if keep)
+            stored = self._log(batch, digests) if batch.num_rows else None
+        else:
+            stored = None
+        if batch.num_rows == 0:
+            return
+        if self._pending is not None:
+            self._produce(self._pending)
+        self._pending = _Pending(batch, self.logged, stored)
+        self.logged += batch.num_rows
 
+    def _log(self, batch: pa.RecordBatch, digests: bytes) -> Future[int]:
+        assert self.wal is not None and self.attempt_key is not None
+        wal, key, first = self.wal, self.attempt_key, self.logged
+        acks = self._take_dirty()
 
-def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,
-                    ident: TaskIdentity) -> SinkCommitMessage:
-    """Write one partition: every batch is durably in the WAL before the producer sees it; acknowledged
-    positions are persisted with every batch; on success the attempt's log and the earlier attempts' it
-    superseded are purged. On failure, what Kafka did not acknowledge stays in the WAL for the retry."""
-    started = time.monotonic()
-    where = f"partition {ident.partition} (attempt {ident.attempt}) of write {ident.write_id}"
-    producer = get_producer(options)
-    max_message = int(options.producer_config().get("message.max.bytes", 1_000_000))
-    wal = open_wal(options.resolved_wal_path()) if options.wal_enabled else None
-    priors: list[AttemptInfo] = []
-    attempt_key: str | None = None
-    replay: ReplayPlan | None = None
-    if wal is not None:
-        priors = wal.prior_attempts(ident.write_id, ident.partition)
-        replay = ReplayPlan(wal, priors)
-        attempt_key = wal.begin_attempt(ident.write_id, ident.partition, ident.attempt,
-                                        {**ident.extra, "topic": plan.topic_option})
-        if priors:
-            log.info("%s: found %d earlier attempt(s) in WAL %s; re-sending only what Kafka never acknowledged",
-                     where, len(priors), wal.path)
-    message = SinkCommitMessage(write_id=ident.write_id, partition=ident.partition, attempt=ident.attempt,
-                                host=socket.gethostname(), wal_path=wal.path if wal else None)
-    tracker = DeliveryTracker()
-    checker = _PartitionCheck(producer, where)
-    position = 0  # records read from Spark (and handed to the WAL)
-    # One batch ahead: the WAL commit (fsync) of batch k+1 runs on a thread while batch k is produced; LMDB and
-    # Arrow release the GIL. Batch k+1 is produced only after its own commit returned.
-    pending: tuple[pa.RecordBatch, KafkaRecords, int, Future[int] | None] | None = None
-    wal_write: Future[int] | None = None
+        def store() -> int:
+            if self._wal_failed is not None:  # a refused batch lets no later batch into the log
+                raise self._wal_failed
+            try:
+                return wal.append(key, first, batch, digests, self.options.wal_max_bytes, acks)
+            except BaseException as exc:
+                self._wal_failed = exc
+                raise
 
-    def produce_pending() -> None:
-        assert pending is not None
-        batch, records, first, stored = pending
-        if stored is not None:
-            message.wal_bytes += stored.result()
-        skip, replayed, diverged = replay.mask(first, batch) if replay else (None, 0, 0)
-        message.replayed += replayed
-        message.diverged += diverged
-        sent = produce(producer, records, plan.topic_option, first, skip, tracker, options.scrub)
-        message.published += sent
-        message.skipped += batch.num_rows - sent
-        _fault_hooks(options, ident, first + batch.num_rows, where,
-                     lambda: _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options)))
+        self._last_store = _wal_thread().submit(store)
+        return self._last_store
 
-    try:
-        for raw in batches:
-            if raw.num_rows == 0:
-                continue
-            batch = normalise(raw, plan)
-            check_batch(batch, plan, where, position, max_message)
-            if "partition" in batch.schema.names or plan.topic_from_column:
-                checker.check(batch, plan.topic_option, position)
-            records = to_records(batch)
-            if records.headers is not None and (row := header_key_problem(records.headers)) is not None:
-                raise RecordError(f"{where}, record {position + row}: a header has a null key; Kafka header "
-                                  "keys must be strings")
-            wal_write = None
-            if wal is not None and attempt_key is not None:
-                wal_write = _wal_thread().submit(wal.append, attempt_key, position, batch, options.wal_max_bytes,
-                                                 tracker.take_dirty())
-            if pending is not None:
-                produce_pending()
-            pending = (batch, records, position, wal_write)
-            position += batch.num_rows
-        if pending is not None:
-            produce_pending()
-            pending = None
-        _wait_and_checkpoint(producer, tracker, wal, attempt_key, delivery_timeout_s(options) + _FLUSH_MARGIN_S)
+    def _produce(self, pending: _Pending) -> None:
+        if pending.stored is not None:
+            self.message.wal_bytes += pending.stored.result()
+        self.message.published += produce(self.producer, to_records(pending.batch), self.plan.topic_option,
+                                          pending.first, None, self.tracker, self.options.scrub)
+        end = pending.first + pending.batch.num_rows
+        if self.faults is not None:
+            self.faults.after_batch(self.ident.write_id, self.ident.partition, self.ident.attempt,
+                                    self.message.skipped + end,
+                                    lambda: self._checkpoint(wait_s=delivery_timeout_s(self.options)))
+        if time.monotonic() - self._last_checkpoint > _CHECKPOINT_EVERY_S:
+            self._checkpoint(wait_s=0.0)
+
+    def _take_dirty(self) -> dict[int, bytearray]:
+        # Delivery callbacks run on this (the task's) thread, inside produce/poll/flush: no lock needed.
+        return self.tracker.take_dirty()
+
+    def _checkpoint(self, wait_s: float) -> None:
+        """Persist what Kafka acknowledged so far (after waiting up to ``wait_s`` for the rest)."""
+        if wait_s > 0:
+            wait_for_acks(self.producer, self.tracker, wait_s)
+        else:
+            self.producer.poll(0)
+        self._last_checkpoint = time.monotonic()
+        if self.wal is not None and self.attempt_key is not None:
+            if self._last_store is not None:
+                wait([self._last_store])  # bitmaps of a segment only after the segment itself
+            self.wal.save_acks(self.attempt_key, self._take_dirty())
+
+    # ---- the end --------------------------------------------------------------------------------------
+    def commit(self) -> SinkCommitMessage:
+        """Produce the last batch, wait for every acknowledgement, and leave only proof of delivery."""
+        if self._pending is not None:
+            self._produce(self._pending)
+            self._pending = None
+        if self.wal is not None and self.attempt_key is not None:
+            if self._last_store is not None:
+                self._last_store.result()
+            self.wal.set_state(self.attempt_key, LOGGED, self._take_dirty())
+        self._checkpoint(wait_s=_final_wait_s(self.options))
+        tracker = self.tracker
         if tracker.failed or tracker.outstanding:
             problem = tracker.first_error() or f"{tracker.outstanding} records still unacknowledged at the deadline"
             raise DeliveryError(
-                f"{where}: Kafka did not acknowledge {tracker.failed + tracker.outstanding} of {tracker.produced} "
-                f"records: {options.scrub(problem)}. They stay in WAL "
-                f"{wal.path if wal else '(disabled)'} and a retry of the write re-sends only those"
+                f"{self.where}: Kafka did not acknowledge {tracker.failed + tracker.outstanding} of "
+                f"{tracker.produced} records: {self.options.scrub(problem)}. They stay in WAL "
+                f"{self.wal.path if self.wal else '(disabled)'}; re-run the write with "
+                f"wal.writeId={self.ident.write_id} to send only those"
             )
-    except BaseException:
-        # Give records already handed over their chance to be acknowledged and persist what was, so a retry
-        # skips them; then drop the producer so no stale delivery reaches the next task.
+        message = self.message
+        message.received = self.position
+        message.acknowledged = tracker.acked
+        message.diverged = self.delivered.left_over()
+        if self.wal is not None and self.attempt_key is not None:
+            self.wal.finish(self.attempt_key, [p.key for p in self.priors])
+        message.seconds = time.monotonic() - self.started
+        if self.priors:
+            log.info("%s: done after earlier attempts: %d records, %d sent, %d skipped as already delivered, "
+                     "%d re-sent that were logged but unacknowledged, %d delivered earlier but not recomputed",
+                     self.where, message.received, message.published, message.skipped, message.replayed,
+                     message.diverged)
+        return message
+
+    def abort(self) -> None:
+        """After a failure: give records already handed over their chance to be acknowledged and persist what
+        was, so a retry skips them; then drop the producer so no stale delivery reaches the next task."""
         try:
-            if wal_write is not None:
-                wait([wal_write])  # its outcome does not matter here; LMDB commits whole or not at all
-            if tracker.outstanding:
-                _wait_and_checkpoint(producer, tracker, wal, attempt_key,
-                                     min(delivery_timeout_s(options), 60.0))
-            elif wal is not None and attempt_key is not None:
-                wal.save_acks(attempt_key, tracker.take_dirty())
+            if self._last_store is not None:
+                wait([self._last_store])  # its outcome does not matter here; LMDB commits whole or not at all
+            self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if self.tracker.outstanding else 0)
         except Exception as secondary:  # noqa: BLE001 - the original error is the one to report
-            log.warning("%s: could not checkpoint acknowledgements after the failure: %s", where,
-                        options.scrub(str(secondary)))
+            log.warning("%s: could not checkpoint acknowledgements after the failure: %s", self.where,
+                        self.options.scrub(str(secondary)))
         finally:
-            discard_producer(options)
+            producers.discard(self.options)
+
+
+def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,
+                    ident: TaskIdentity, cluster_id: str,
+                    on_start: Callable[[PartitionWriter], None] | None = None) -> SinkCommitMessage:
+    """Write one partition through a :class:`PartitionWriter`: commit on success, abort on any failure."""
+    writer = PartitionWriter(options, plan, ident, cluster_id, options.faults)
+    if on_start is not None:
+        on_start(writer)
+    try:
+        for batch in batches:
+            writer.write(batch)
+        return writer.commit()
+    except BaseException:
+        writer.abort()
         raise
-    message.received = position
-    message.acknowledged = tracker.acked
-    if wal is not None and attempt_key is not None:
-        wal.purge([attempt_key, *(p.key for p in priors)])
-    message.seconds = time.monotonic() - started
-    if priors:
-        log.info("%s: done after a retry: %d records, %d re-sent, %d skipped as already delivered, %d diverged",
-                 where, position, message.published, message.skipped, message.diverged)
-    return message

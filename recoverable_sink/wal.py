@@ -3,13 +3,17 @@ of the executors on a host (LMDB serialises their write transactions across proc
 
 Layout (one key space, prefix-scanned; ``A`` is an attempt's path ``<write id>/<partition>/<attempt key>``):
 
-    m/A            attempt metadata (JSON): write id, partition, attempt number, host, created time
-    s/A/<seq>      a segment: the Arrow IPC bytes of one batch of records, first position <seq>, with a CRC32
+    m/A            attempt metadata (JSON): write id, partition, attempt, host, created, cluster id, topic,
+                   and its state: ``open`` -> ``logged`` (the whole partition is in the log) -> ``done``
+    s/A/<seq>      a segment: the digests of a batch's records, then (until Kafka acknowledged all of them)
+                   their Arrow IPC bytes; a CRC32 covers both
     a/A/<seq>      that segment's acknowledgement bitmap (one byte per record), with a CRC32
-    u              bytes held by all segments, the quantity ``wal.maxBytes`` bounds
+    u              bytes of payload held by all segments: the quantity ``wal.maxBytes`` bounds
 
 Every append is one transaction committed with fsync (``sync=True``) and carries the acknowledgement
-bitmaps that changed since the previous one, so what Kafka acknowledged is durable with every batch.
+bitmaps that changed since the previous one. A segment whose records are all acknowledged is rewritten as
+its digests alone: the WAL holds payload only for what Kafka has not acknowledged, and keeps the digests as
+proof of delivery until the write is certainly committed (see :meth:`Wal.sweep`).
 """
 
 from __future__ import annotations
@@ -19,41 +23,52 @@ import json
 import os
 import socket
 import struct
+import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import lmdb
 import pyarrow as pa
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import WalCorruptionError, WalError, WalFullError
+from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet
 
 log = get_logger("wal")
 
 _MAP_SIZE = 1 << 40  # virtual address space only: LMDB grows the file as data is written
-_SEG_MAGIC = b"RKW1"
+_SEG_MAGIC = b"RKW2"
 _ACK_MAGIC = b"RKA1"
-_SEG_HEADER = struct.Struct("<4sIIQ")  # magic, crc32 of the rest, record count, first position
+# magic, crc32 of the rest, record count, first position, payload length, flags
+_SEG_HEADER = struct.Struct("<4sIIQQI")
 _ACK_HEADER = struct.Struct("<4sII")  # magic, crc32 of the bitmap, record count
+_ALL_ACKED = 1  # segment flag: digests only; every record in it was acknowledged
 _USAGE_KEY = b"u"
+_MAX_ENVS = 16
+
+OPEN, LOGGED, DONE = "open", "logged", "done"
 
 _envs: dict[str, lmdb.Environment] = {}
+_envs_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class Segment:
-    """A decoded WAL segment: records at positions [first, first + batch.num_rows)."""
+    """A decoded WAL segment: ``count`` records logged at positions [first, first + count) of an attempt."""
 
     first: int
-    batch: pa.RecordBatch
-    acked: bytearray
+    count: int
+    digests: bytes
+    acked: bytearray  # one byte per record
+    batch: pa.RecordBatch | None  # None once every record was acknowledged (payload dropped)
 
     @property
     def end(self) -> int:
-        return self.first + self.batch.num_rows
+        return self.first + self.count
 
 
 @dataclass
@@ -66,21 +81,45 @@ class AttemptInfo:
     attempt: int
     host: str
     created: float
+    state: str = OPEN
     extra: dict[str, object] = field(default_factory=dict)
 
 
-def _encode_segment(first: int, batch: pa.RecordBatch) -> bytes:
+class SweepResult(NamedTuple):
+    removed: int  # attempts that held only proof of delivery
+    kept_unacknowledged: int  # old attempts kept because they hold records Kafka never acknowledged
+
+
+@dataclass(frozen=True)
+class WalStats:
+    """What ``Wal.stats`` finds: payload bytes by the usage counter and by a scan, and orphaned entries."""
+
+    used_bytes: int
+    payload_bytes: int
+    attempts: int
+    orphaned_entries: int
+
+
+def _encode_segment(first: int, digests: bytes, payload: bytes, flags: int) -> bytes:
+    count = len(digests) // DIGEST_SIZE
+    crc = zlib.crc32(struct.pack("<IQQI", count, first, len(payload), flags))
+    crc = zlib.crc32(payload, zlib.crc32(digests, crc))
+    return b"".join((_SEG_HEADER.pack(_SEG_MAGIC, crc, count, first, len(payload), flags), digests, payload))
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    payload = sink.getvalue()
-    crc = zlib.crc32(struct.pack("<IQ", batch.num_rows, first))
-    crc = zlib.crc32(payload, crc)
-    return b"".join((_SEG_HEADER.pack(_SEG_MAGIC, crc, batch.num_rows, first), payload))
+    return sink.getvalue().to_pybytes()
 
 
-def _encode_acks(acked: bytearray) -> bytes:
+def _encode_acks(acked: bytes | bytearray) -> bytes:
     return _ACK_HEADER.pack(_ACK_MAGIC, zlib.crc32(acked), len(acked)) + bytes(acked)
+
+
+def _payload_len(value: bytes) -> int:
+    return _SEG_HEADER.unpack_from(value)[4] if len(value) >= _SEG_HEADER.size else 0
 
 
 class Wal:
@@ -98,8 +137,8 @@ class Wal:
         ends with a random part so a restarted application cannot collide with an old log."""
         created = time.time()
         key = f"{write_id}/{partition:06d}/{time.time_ns():020d}-{attempt:03d}-{uuid.uuid4().hex[:8]}"
-        meta = {"write_id": write_id, "partition": partition, "attempt": attempt, "host": socket.gethostname(),
-                "created": created, **extra}
+        meta = {**extra, "write_id": write_id, "partition": partition, "attempt": attempt,
+                "host": socket.gethostname(), "created": created, "state": OPEN}
         self._write(lambda txn: txn.put(b"m/" + key.encode(), json.dumps(meta).encode()))
         return key
 
@@ -114,97 +153,210 @@ class Wal:
             for k, v in cursor:
                 if not k.startswith(start):
                     break
-                try:
-                    meta = json.loads(v)
-                except ValueError:
-                    raise WalCorruptionError(
-                        f"WAL {self.path}: metadata entry {k.decode(errors='replace')} is not valid JSON; "
-                        "inspect it with `recoverable-kafka-wal list`, then purge that attempt"
-                    ) from None
-                found.append(AttemptInfo(
-                    key=k[2:].decode(), write_id=meta.pop("write_id"), partition=meta.pop("partition"),
-                    attempt=meta.pop("attempt"), host=meta.pop("host"), created=meta.pop("created"), extra=meta))
+                found.append(self._attempt(k, v))
         return found
+
+    def _attempt(self, k: bytes, v: bytes) -> AttemptInfo:
+        try:
+            meta = json.loads(v)
+            return AttemptInfo(key=k[2:].decode(), write_id=meta.pop("write_id"), partition=meta.pop("partition"),
+                               attempt=meta.pop("attempt"), host=meta.pop("host"), created=meta.pop("created"),
+                               state=meta.pop("state", OPEN), extra=meta)
+        except (ValueError, KeyError):
+            raise WalCorruptionError(
+                f"WAL {self.path}: metadata entry {k.decode(errors='replace')} is not valid; inspect it with "
+                "`recoverable-kafka-wal list`, then purge that attempt"
+            ) from None
+
+    def delivered(self, attempts: list[AttemptInfo]) -> DeliveredSet:
+        """What these attempts logged, and which of it Kafka acknowledged, as a multiset of record digests.
+        Digests include the cluster id and topic, so attempts towards another destination never match."""
+        delivered = DeliveredSet()
+        for attempt in attempts:
+            for seg in self.segments(attempt.key, payload=False):
+                delivered.add(seg.digests, seg.acked)
+        return delivered
 
     def prior_attempts(self, write_id: str, partition: int) -> list[AttemptInfo]:
         """Every attempt of this write's partition logged here, oldest first (asked before a new one begins)."""
         return self.attempts(f"{write_id}/{partition:06d}/")
 
+    def set_state(self, attempt_key: str, state: str, acks: dict[int, bytearray] | None = None) -> None:
+        """Move an attempt to ``logged`` or ``done``, with the acknowledgement bitmaps that changed."""
+        def body(txn: lmdb.Transaction) -> None:
+            self._put_acks(txn, attempt_key, acks or {})
+            self._set_state(txn, attempt_key, state)
+
+        self._write(body)
+
+    def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: str) -> None:
+        raw = txn.get(b"m/" + attempt_key.encode())
+        if raw is None:
+            raise WalError(f"WAL {self.path}: attempt {attempt_key} vanished (purged by hand while running?)")
+        meta = json.loads(raw)
+        meta["state"] = state
+        txn.put(b"m/" + attempt_key.encode(), json.dumps(meta).encode())
+
     # ---- writing --------------------------------------------------------------------------------------
-    def append(self, attempt_key: str, first: int, batch: pa.RecordBatch, max_bytes: int,
+    def append(self, attempt_key: str, first: int, batch: pa.RecordBatch, digests: bytes, max_bytes: int,
                acks: dict[int, bytearray]) -> int:
-        """Durably store one batch at positions [first, first + n) together with the acknowledgement bitmaps
-        in ``acks`` (segment first position -> bitmap). Returns the segment's size in bytes.
+        """Durably store one batch at positions [first, first + n), its records' digests, and the
+        acknowledgement bitmaps in ``acks`` (segment first position -> bitmap). Returns the payload's size.
 
-        Raises WalFullError, leaving the WAL as it was, when the segment would take the WAL past
-        ``max_bytes``."""
-        value = _encode_segment(first, batch)
+        Raises WalFullError, leaving the WAL as it was, when the payload would take the WAL past
+        ``max_bytes`` (payload of records Kafka has not acknowledged)."""
+        payload = _ipc(batch)
+        value = _encode_segment(first, digests, payload, 0)
         prefix = attempt_key.encode()
+        _check_room(self.path, len(value))
 
-        def txn_body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction) -> None:
+            self._put_acks(txn, attempt_key, acks)  # may free bytes: fully acknowledged segments drop payload
             used = int(txn.get(_USAGE_KEY) or b"0")
-            if used + len(value) > max_bytes:
+            if used + len(payload) > max_bytes:
                 raise WalFullError(
-                    f"WAL {self.path} holds {used} bytes and the next batch of {batch.num_rows} records "
-                    f"({len(value)} bytes) would pass wal.maxBytes={max_bytes}; nothing was dropped: the records "
-                    "accepted so far stay in the WAL until Kafka acknowledges them. Raise wal.maxBytes, free the "
-                    "WAL of failed writes (`recoverable-kafka-wal list`), or write fewer records per partition"
+                    f"WAL {self.path} holds {used} bytes not yet acknowledged by Kafka and the next batch of "
+                    f"{batch.num_rows} records ({len(payload)} bytes) would pass wal.maxBytes={max_bytes}; nothing "
+                    "was dropped: the records accepted so far stay in the WAL until Kafka acknowledges them. Raise "
+                    "wal.maxBytes, free the WAL of failed writes (`recoverable-kafka-wal list`), or use smaller "
+                    "Arrow batches (spark.sql.execution.arrow.maxRecordsPerBatch)"
                 )
             txn.put(b"s/%s/%012d" % (prefix, first), value)
             txn.put(b"a/%s/%012d" % (prefix, first), _encode_acks(bytearray(batch.num_rows)))
-            for seg_first, bitmap in acks.items():
-                txn.put(b"a/%s/%012d" % (prefix, seg_first), _encode_acks(bitmap))
-            txn.put(_USAGE_KEY, str(used + len(value)).encode())
+            txn.put(_USAGE_KEY, str(used + len(payload)).encode())
 
-        self._write(txn_body)
-        return len(value)
+        self._write(body)
+        return len(payload)
 
     def save_acks(self, attempt_key: str, acks: dict[int, bytearray]) -> None:
         """Durably store acknowledgement bitmaps (segment first position -> bitmap)."""
-        if not acks:
-            return
+        if acks:
+            self._write(lambda txn: self._put_acks(txn, attempt_key, acks))
+
+    def _put_acks(self, txn: lmdb.Transaction, attempt_key: str, acks: dict[int, bytearray]) -> None:
         prefix = attempt_key.encode()
+        freed = 0
+        for seg_first, bitmap in acks.items():
+            ack_key = b"a/%s/%012d" % (prefix, seg_first)
+            if all(bitmap):
+                freed += self._compact(txn, b"s/%s/%012d" % (prefix, seg_first), bitmap)
+                txn.delete(ack_key)
+            else:
+                txn.put(ack_key, _encode_acks(bitmap))
+        if freed:
+            used = int(txn.get(_USAGE_KEY) or b"0")
+            txn.put(_USAGE_KEY, str(max(0, used - freed)).encode())
 
-        def txn_body(txn: lmdb.Transaction) -> None:
-            for seg_first, bitmap in acks.items():
-                txn.put(b"a/%s/%012d" % (prefix, seg_first), _encode_acks(bitmap))
+    def _compact(self, txn: lmdb.Transaction, seg_key: bytes, acked: bytes | bytearray) -> int:
+        """Rewrite a segment as the digests of its acknowledged records alone; returns the payload bytes freed."""
+        value = txn.get(seg_key)
+        if value is None:
+            return 0
+        seg = self._decode(seg_key.decode(), value, None, payload=False)
+        kept = b"".join(seg.digests[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE] for i in range(seg.count) if acked[i])
+        txn.put(seg_key, _encode_segment(seg.first, kept, b"", _ALL_ACKED))
+        return _payload_len(value)
 
-        self._write(txn_body)
+    def finish(self, attempt_key: str, superseded: list[str]) -> None:
+        """A successful attempt: mark it done; drop what the attempts it superseded still hold beyond the
+        digests of records Kafka acknowledged to them (its own records were all acknowledged)."""
+        def body(txn: lmdb.Transaction) -> None:
+            freed = 0
+            for key in superseded:
+                for seg_key, ack_key, value in self._segment_entries(txn, key):
+                    if _SEG_HEADER.unpack_from(value)[5] & _ALL_ACKED:
+                        continue
+                    ack_value = txn.get(ack_key)
+                    seg = self._decode(seg_key.decode(), value, ack_value, payload=False)
+                    freed += self._compact(txn, seg_key, seg.acked)
+                    txn.delete(ack_key)
+                if txn.get(b"m/" + key.encode()) is not None:
+                    self._set_state(txn, key, DONE)
+            self._set_state(txn, attempt_key, DONE)
+            if freed:
+                used = int(txn.get(_USAGE_KEY) or b"0")
+                txn.put(_USAGE_KEY, str(max(0, used - freed)).encode())
+
+        self._write(body)
 
     def purge(self, attempt_keys: list[str]) -> int:
-        """Delete attempts (metadata, segments, bitmaps) in one transaction; returns the bytes freed."""
+        """Delete attempts (metadata, segments, bitmaps) in one transaction; returns the payload bytes freed."""
         if not attempt_keys:
             return 0
         freed = 0
 
-        def txn_body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction) -> None:
             nonlocal freed
             freed = 0
-            cursor = txn.cursor()
             for key in attempt_keys:
                 txn.delete(b"m/" + key.encode())
-                for kind in (b"s/", b"a/"):
-                    start = kind + key.encode() + b"/"
-                    if not cursor.set_range(start):
-                        continue
-                    while cursor.key().startswith(start):
-                        if kind == b"s/":
-                            freed += len(cursor.value())
-                        if not cursor.delete():
-                            break
+                for seg_key, ack_key, value in self._segment_entries(txn, key):
+                    freed += _payload_len(value)
+                    txn.delete(seg_key)
+                    txn.delete(ack_key)
             used = int(txn.get(_USAGE_KEY) or b"0")
             txn.put(_USAGE_KEY, str(max(0, used - freed)).encode())
 
-        self._write(txn_body)
+        self._write(body)
         return freed
+
+    def sweep(self, retention_s: float, now: float | None = None) -> SweepResult:
+        """Remove attempts older than ``retention_s`` that hold no unacknowledged record (proof of delivery
+        only). Attempts still holding records Kafka never acknowledged are never removed automatically: they
+        are counted and logged."""
+        now = time.time() if now is None else now
+        old = [a for a in self.attempts() if now - a.created > retention_s]
+        if not old:
+            return SweepResult(0, 0)
+        removable, kept = [], []
+        with self.env.begin() as txn:
+            for a in old:
+                holds = any(not (_SEG_HEADER.unpack_from(v)[5] & _ALL_ACKED)
+                            for _, _, v in self._segment_entries(txn, a.key))
+                (kept if holds else removable).append(a)
+        self.purge([a.key for a in removable])
+        if removable:
+            log.info("WAL %s: removed %d attempt log(s) older than wal.retentionHours=%g that held only proof of "
+                     "delivery", self.path, len(removable), retention_s / 3600)
+        if kept:
+            log.warning("WAL %s: %d attempt log(s) older than wal.retentionHours=%g still hold records Kafka never "
+                        "acknowledged (writes %s); they are kept: finish them with `recoverable-kafka-wal replay` "
+                        "or purge them", self.path, len(kept), retention_s / 3600, sorted({a.write_id for a in kept}))
+        return SweepResult(removed=len(removable), kept_unacknowledged=len(kept))
 
     def used_bytes(self) -> int:
         with self.env.begin() as txn:
             return int(txn.get(_USAGE_KEY) or b"0")
 
+    def stats(self) -> WalStats:
+        """Recount what the WAL holds by scanning it: the payload bytes (against the usage counter) and the
+        segment or bitmap entries whose attempt has no metadata (orphans: never replayed, safe to purge)."""
+        attempts: set[bytes] = set()
+        payload = orphans = 0
+        with self.env.begin() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(b"m/"):
+                for k in cursor.iternext(keys=True, values=False):
+                    if not k.startswith(b"m/"):
+                        break
+                    attempts.add(k[2:])
+            for kind in (b"a/", b"s/"):
+                if not cursor.set_range(kind):
+                    continue
+                for k, v in cursor:
+                    if not k.startswith(kind):
+                        break
+                    if k[2:].rsplit(b"/", 1)[0] not in attempts:
+                        orphans += 1
+                    elif kind == b"s/":
+                        payload += _payload_len(v)
+            used = int(txn.get(_USAGE_KEY) or b"0")
+        return WalStats(used_bytes=used, payload_bytes=payload, attempts=len(attempts), orphaned_entries=orphans)
+
     # ---- reading --------------------------------------------------------------------------------------
-    def segments(self, attempt_key: str) -> Iterator[Segment]:
-        """Decode an attempt's segments in position order, checking every checksum."""
+    def segments(self, attempt_key: str, payload: bool = True) -> Iterator[Segment]:
+        """Decode an attempt's segments in position order, checking every checksum; ``payload=False`` skips
+        decoding the records (digests and bitmaps only)."""
         start = b"s/" + attempt_key.encode() + b"/"
         with self.env.begin() as txn:
             keys = []
@@ -218,28 +370,47 @@ class Wal:
             with self.env.begin() as txn:
                 value = txn.get(k)
                 ack_value = txn.get(b"a/" + k[2:])
-            if value is None:
-                continue
-            yield self._decode(k.decode(), value, ack_value)
+                if value is None:
+                    continue
+                segment = self._decode(k.decode(), value, ack_value, payload)
+            yield segment
 
-    def _decode(self, key: str, value: bytes, ack_value: bytes | None) -> Segment:
+    def _segment_entries(self, txn: lmdb.Transaction, attempt_key: str) -> list[tuple[bytes, bytes, bytes]]:
+        start = b"s/" + attempt_key.encode() + b"/"
+        cursor = txn.cursor()
+        found = []
+        if cursor.set_range(start):
+            for k, v in cursor:
+                if not k.startswith(start):
+                    break
+                found.append((k, b"a/" + k[2:], bytes(v)))
+        return found
+
+    def _decode(self, key: str, value: bytes, ack_value: bytes | None, payload: bool) -> Segment:
         where = f"WAL {self.path}, entry {key}"
         if len(value) < _SEG_HEADER.size:
             raise WalCorruptionError(f"{where}: truncated segment ({len(value)} bytes); it will not be replayed. "
                                      "Recover its records from the source and purge the attempt")
-        magic, crc, count, first = _SEG_HEADER.unpack_from(value)
-        payload = memoryview(value)[_SEG_HEADER.size:]
-        if magic != _SEG_MAGIC or zlib.crc32(payload, zlib.crc32(struct.pack("<IQ", count, first))) != crc:
+        magic, crc, count, first, payload_len, flags = _SEG_HEADER.unpack_from(value)
+        body = memoryview(value)[_SEG_HEADER.size:]
+        digests_len = count * DIGEST_SIZE
+        if magic != _SEG_MAGIC or len(body) != digests_len + payload_len or zlib.crc32(
+                body, zlib.crc32(struct.pack("<IQQI", count, first, payload_len, flags))) != crc:
             raise WalCorruptionError(
                 f"{where}: records {first}..{first + count - 1} fail their CRC32 checksum; they will not be "
                 "replayed or skipped blindly. Re-run the write from its source after purging this attempt "
                 "(`recoverable-kafka-wal purge`)"
             )
-        try:
-            batch = pa.ipc.open_stream(pa.py_buffer(payload)).read_next_batch()
-        except (pa.ArrowInvalid, StopIteration) as exc:
-            raise WalCorruptionError(f"{where}: records {first}..{first + count - 1} cannot be decoded: {exc}") \
-                from None
+        digests = bytes(body[:digests_len])
+        if flags & _ALL_ACKED:
+            return Segment(first=first, count=count, digests=digests, acked=bytearray(b"\x01" * count), batch=None)
+        batch = None
+        if payload:
+            try:
+                batch = pa.ipc.open_stream(pa.py_buffer(body[digests_len:])).read_next_batch()
+            except (pa.ArrowInvalid, StopIteration) as exc:
+                raise WalCorruptionError(f"{where}: records {first}..{first + count - 1} cannot be decoded: "
+                                         f"{exc}") from None
         acked = bytearray(count)
         if ack_value is not None:
             amagic, acrc, acount = _ACK_HEADER.unpack_from(ack_value)
@@ -250,23 +421,41 @@ class Wal:
                     "checksum; which of them Kafka acknowledged is unknown, so none is skipped or re-sent blindly"
                 )
             acked = bytearray(bitmap)
-        return Segment(first=first, batch=batch, acked=acked)
+        return Segment(first=first, count=count, digests=digests, acked=acked, batch=batch)
 
     # ---- plumbing -------------------------------------------------------------------------------------
-    def _write(self, body: object) -> None:
+    def _write(self, body: Callable[[lmdb.Transaction], None]) -> None:
         try:
             with self.env.begin(write=True) as txn:
-                body(txn)  # type: ignore[operator]
+                body(txn)
         except lmdb.Error as exc:
             raise _wal_error(self.path, exc) from None
 
 
-def _disk_nearly_full(path: str) -> bool:
+_RESERVE_BYTES = 4 << 20  # left free for the acknowledgement checkpoints (and compactions) after a refusal
+
+
+def _free_bytes(path: str) -> int | None:
     try:
         fs = os.statvfs(path)
     except OSError:
-        return False
-    return fs.f_bavail * fs.f_frsize < 4 << 20
+        return None
+    return fs.f_bavail * fs.f_frsize
+
+
+def _disk_nearly_full(path: str) -> bool:
+    free = _free_bytes(path)
+    return free is not None and free < _RESERVE_BYTES
+
+
+def _check_room(path: str, size: int) -> None:
+    """Refuse a segment that would leave less than a reserve free on the disk: once the disk is full LMDB can
+    commit nothing, not even the acknowledgements Kafka already gave, and a retry would then re-send those."""
+    free = _free_bytes(path)
+    if free is not None and free < size + _RESERVE_BYTES:
+        raise WalError(f"WAL {path}: the disk is full ({free} bytes free; the next batch needs {size} plus "
+                       f"{_RESERVE_BYTES} kept free for acknowledgements); free space under wal.path or point "
+                       "wal.path at a larger disk. Records accepted so far stay in the WAL")
 
 
 def _wal_error(path: str, exc: BaseException) -> WalError:
@@ -296,30 +485,84 @@ def _check_not_truncated(path: str, env: lmdb.Environment) -> None:
 
 
 def open_wal(path: str) -> Wal:
-    """Open (once per process) the WAL under ``path``, creating it with owner-only permissions."""
+    """Open (once per process, at most 16 directories at a time) the WAL under ``path``, creating it with
+    owner-only permissions."""
     path = os.path.abspath(path)
-    if path in _envs:
-        return Wal(path, _envs[path])
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)
-    except OSError as exc:
-        raise WalError(
-            f"wal.path={path} cannot be created or used by user {os.getuid()} on {socket.gethostname()}: "
-            f"{exc.strerror}; point wal.path at a writable executor-local directory"
-        ) from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise WalError(f"wal.path={path} is not writable by user {os.getuid()} on {socket.gethostname()}; "
-                       "point wal.path at a writable executor-local directory")
-    try:
-        env = lmdb.open(path, map_size=_MAP_SIZE, subdir=True, sync=True, metasync=True, lock=True,
-                        mode=0o600, max_readers=512, readahead=False)
-    except lmdb.Error as exc:
-        raise _wal_error(path, exc) from None
-    for name in ("data.mdb", "lock.mdb"):
-        file = os.path.join(path, name)
-        if os.path.exists(file):
-            os.chmod(file, 0o600)
-    _check_not_truncated(path, env)
-    _envs[path] = env
-    return Wal(path, env)
+    with _envs_lock:
+        env = _envs.get(path)
+        if env is not None:
+            return Wal(path, env)
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chmod(path, 0o700)
+        except OSError as exc:
+            raise WalError(
+                f"wal.path={path} cannot be created or used by user {os.getuid()} on {socket.gethostname()}: "
+                f"{exc.strerror}; point wal.path at a writable executor-local directory"
+            ) from None
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise WalError(f"wal.path={path} is not writable by user {os.getuid()} on {socket.gethostname()}; "
+                           "point wal.path at a writable executor-local directory")
+        try:
+            env = lmdb.open(path, map_size=_MAP_SIZE, subdir=True, sync=True, metasync=True, lock=True,
+                            mode=0o600, max_readers=512, readahead=False)
+        except lmdb.Error as exc:
+            raise _wal_error(path, exc) from None
+        for name in ("data.mdb", "lock.mdb"):
+            file = os.path.join(path, name)
+            if os.path.exists(file):
+                os.chmod(file, 0o600)
+        _check_not_truncated(path, env)
+        while len(_envs) >= _MAX_ENVS:  # the oldest opened goes first; a task holds its Wal for its duration
+            _envs.pop(next(iter(_envs))).close()
+        _envs[path] = env
+        return Wal(path, env)
+
+
+def close_wal(path: str) -> None:
+    """Close this process's handle on the WAL under ``path``, if open (the files stay)."""
+    with _envs_lock:
+        env = _envs.pop(os.path.abspath(path), None)
+    if env is not None:
+        env.close()
+
+
+def close_wals() -> None:
+    """Close every WAL this process has open (tests, a worker shutting down)."""
+    with _envs_lock:
+        envs = list(_envs.values())
+        _envs.clear()
+    for env in envs:
+        env.close()
+
+
+# ---- retention ----------------------------------------------------------------------------------------
+_SWEEP_EVERY_S = 600.0
+_last_sweep: dict[str, float] = {}
+
+
+def stream_write_id(query_id: str, batch_id: int) -> str:
+    """The write id of one micro-batch: stable across task retries and driver restarts from a checkpoint."""
+    return f"{query_id}-b{batch_id:012d}"
+
+
+def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
+    """Remove the logs of micro-batches of ``query_id`` before ``batch_id``: Spark starts a batch only after
+    every earlier one is in the query's commit log, so their proof of delivery is no longer needed (and any
+    payload left by a failed attempt was delivered by the attempt that succeeded). Returns attempts removed."""
+    stale = [a.key for a in wal.attempts(f"{query_id}-b")
+             if a.extra.get("query_id") == query_id and int(str(a.extra.get("batch_id", batch_id))) < batch_id]
+    if stale:
+        freed = wal.purge(stale)
+        log.info("WAL %s: released %d attempt log(s) of committed micro-batches of query %s (%d payload bytes)",
+                 wal.path, len(stale), query_id, freed)
+    return len(stale)
+
+
+def sweep_now_and_then(wal: Wal, retention_s: float) -> None:
+    """Run :meth:`Wal.sweep` at most every 10 minutes per WAL and process (tasks call this as they start)."""
+    now = time.time()
+    if now - _last_sweep.get(wal.path, 0.0) < _SWEEP_EVERY_S:
+        return
+    _last_sweep[wal.path] = now
+    wal.sweep(retention_s, now)

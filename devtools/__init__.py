@@ -1,1 +1,0 @@
-"""Development tooling: a local Apache Kafka (KRaft) launcher and an independent topic reader."""

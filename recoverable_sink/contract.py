@@ -1,0 +1,46 @@
+"""What the driver and the tasks agree on: who a task is, and what it reports back to ``commit``/``abort``.
+
+Driver-side modules (``summary``, ``batch``, ``stream``) import this, never the executor's ``task`` module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+
+@dataclass(frozen=True)
+class TaskIdentity:
+    """Who is writing: the WAL identity of a partition is (write id, partition); ``attempt`` tells retries
+    apart. ``kind`` is ``"batch"`` or ``"stream"``; ``extra`` lands in the attempt's WAL metadata."""
+
+    write_id: str
+    partition: int
+    attempt: int
+    kind: str = "batch"
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        """How error messages and log lines name this task."""
+        return f"partition {self.partition} (attempt {self.attempt}) of write {self.write_id}"
+
+
+@dataclass
+class SinkCommitMessage(WriterCommitMessage):
+    """What one task reports to the driver's ``commit``."""
+
+    write_id: str
+    partition: int
+    attempt: int
+    host: str
+    wal_path: str | None
+    received: int = 0  # records in the partition
+    published: int = 0  # handed to the producer by this attempt
+    acknowledged: int = 0  # acknowledged by Kafka to this attempt
+    skipped: int = 0  # not re-sent: an earlier attempt got the same record to the same destination acknowledged
+    replayed: int = 0  # re-sent: an earlier attempt had logged it but never got it acknowledged
+    diverged: int = 0  # acknowledged to an earlier attempt but absent from this attempt's input
+    wal_bytes: int = 0
+    seconds: float = 0.0

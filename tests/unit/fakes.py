@@ -1,0 +1,79 @@
+"""A stand-in for librdkafka's producer, for unit tests of the task's bookkeeping only (no guarantee is
+claimed from it: the integration tests prove those on a real broker)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+from confluent_kafka import KafkaError
+
+
+@dataclass
+class Sent:
+    topic: str
+    value: bytes | None
+    key: bytes | None
+    partition: int
+    timestamp: int
+    headers: list | None
+
+
+class _Msg:
+    def __init__(self, sent: Sent) -> None:
+        self._sent = sent
+
+    def topic(self) -> str:
+        return self._sent.topic
+
+    def partition(self) -> int:
+        return self._sent.partition
+
+
+@dataclass
+class FakeProducer:
+    """Queues records; ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``.
+    ``fail`` makes every delivery fail with that error instead."""
+
+    partitions: int = 4
+    ack_budget: int | None = None
+    fail: KafkaError | None = None
+    queue: list[tuple[Sent, Callable[..., Any]]] = field(default_factory=list)
+    delivered: list[Sent] = field(default_factory=list)
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
+                on_delivery: Callable[..., Any] | None = None, callback: object = None, timestamp: int = 0,
+                headers: list | None = None) -> None:
+        assert on_delivery is not None
+        self.queue.append((Sent(topic, value, key, partition, timestamp, headers), on_delivery))
+
+    def _serve(self) -> int:
+        while self.queue and (self.ack_budget is None or self.ack_budget > 0):
+            sent, callback = self.queue.pop(0)
+            if self.fail is not None:
+                callback(self.fail, _Msg(sent))
+                continue
+            if self.ack_budget is not None:
+                self.ack_budget -= 1
+            self.delivered.append(sent)
+            callback(None, _Msg(sent))
+        return len(self.queue)
+
+    def poll(self, timeout: float = 0) -> int:
+        self._serve()
+        return 0
+
+    def flush(self, timeout: float = 0) -> int:
+        return self._serve()
+
+    def purge(self) -> None:
+        self.queue.clear()
+
+    def list_topics(self, topic: str | None = None, timeout: float = 0) -> SimpleNamespace:
+        meta = SimpleNamespace(partitions=dict.fromkeys(range(self.partitions)), error=None)
+        return SimpleNamespace(topics={topic: meta}, cluster_id="fake-cluster")
+
+    def values(self) -> list[bytes | None]:
+        return [s.value for s in self.delivered]

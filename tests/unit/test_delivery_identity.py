@@ -1,0 +1,168 @@
+"""The delivery-identity rules, without Spark or Kafka: a retry skips a recomputed record only if an earlier
+attempt got the same record, for the same destination, acknowledged, counted as a multiset."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+
+from recoverable_sink.cli import NotFullyLogged, replay_partition
+from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.errors import DeliveryError, WalFullError
+from recoverable_sink.identity import record_digests
+from recoverable_sink.options import parse_options
+from recoverable_sink.records import SchemaPlan
+from recoverable_sink.task import PartitionWriter
+from recoverable_sink.wal import DONE, LOGGED, OPEN, open_wal
+from tests.unit.fakes import FakeProducer
+
+PLAN = SchemaPlan(columns=("key", "value"), topic_option="t")
+# A short delivery timeout: the fake never acknowledges what its budget excludes, and the sink waits that long.
+KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.delivery.timeout.ms": "200"}
+
+
+def options(wal_dir: str, **extra: str):
+    return parse_options({**KAFKA, "topic": "t", "wal.path": wal_dir, **extra})
+
+
+def batches(values: list[bytes], size: int = 100) -> list[pa.RecordBatch]:
+    return [pa.RecordBatch.from_pydict({"key": [v[-1:] for v in values[i:i + size]], "value": values[i:i + size]})
+            for i in range(0, len(values), size)]
+
+
+def rows(n: int) -> list[bytes]:
+    return [b"r%05d" % i for i in range(n)]
+
+
+def crash_after(opts, producer: FakeProducer, data: list[bytes], attempt: int = 0, plan: SchemaPlan = PLAN,
+                write_id: str = "w") -> None:
+    """An attempt that logs and produces everything, checkpoints what the producer acknowledged, then dies
+    (no commit, no abort: as after SIGKILL)."""
+    writer = PartitionWriter(opts, plan, TaskIdentity(write_id, 0, attempt), "c1", producer=producer)
+    for b in batches(data):
+        writer.write(b)
+    if writer._pending is not None:
+        writer._produce(writer._pending)
+    writer._checkpoint(wait_s=0.01)
+
+
+def finish(opts, producer: FakeProducer, data: list[bytes], attempt: int, plan: SchemaPlan = PLAN,
+           write_id: str = "w", cluster: str = "c1"):
+    writer = PartitionWriter(opts, plan, TaskIdentity(write_id, 0, attempt), cluster, producer=producer)
+    for b in batches(data):
+        writer.write(b)
+    return writer.commit()
+
+
+def test_first_attempt_leaves_only_digests_as_proof_of_delivery(wal_dir):
+    opts, producer = options(wal_dir), FakeProducer()
+    message = finish(opts, producer, rows(1000), attempt=0)
+    assert (message.received, message.published, message.acknowledged, message.skipped) == (1000, 1000, 1000, 0)
+    wal = open_wal(wal_dir)
+    [attempt] = wal.attempts("w/")
+    assert attempt.state == DONE
+    assert wal.used_bytes() == 0 and wal.stats().payload_bytes == 0
+    segments = list(wal.segments(attempt.key))
+    assert sum(s.count for s in segments) == 1000 and all(s.batch is None for s in segments)
+
+
+def test_retry_reading_its_input_in_another_order_sends_only_what_was_never_acknowledged(wal_dir):
+    opts, data = options(wal_dir), rows(1000)
+    crash_after(opts, FakeProducer(ack_budget=430), data)
+    shuffled = data[:]
+    random.Random(7).shuffle(shuffled)
+    retry = FakeProducer()
+    message = finish(opts, retry, shuffled, attempt=1)
+    assert message.skipped == 430 and message.published == 570
+    assert message.replayed == 570  # logged by attempt 0, never acknowledged
+    assert sorted(retry.values()) == sorted(data[430:])
+
+
+def test_equal_records_count_as_a_multiset(wal_dir):
+    opts = options(wal_dir)
+    data = [b"same"] * 300 + rows(200)
+    crash_after(opts, FakeProducer(ack_budget=250), data)  # 250 of the 300 copies acknowledged
+    retry = FakeProducer()
+    message = finish(opts, retry, data[::-1], attempt=1)
+    assert message.skipped == 250
+    assert retry.values().count(b"same") == 50
+    assert sorted(v for v in retry.values() if v != b"same") == rows(200)
+
+
+def test_another_topic_or_cluster_never_matches(wal_dir):
+    opts = options(wal_dir)
+    crash_after(opts, FakeProducer(), rows(300))
+    other_topic = SchemaPlan(columns=("key", "value"), topic_option="b")
+    to_b = FakeProducer()
+    assert finish(options(wal_dir, topic="b"), to_b, rows(300), attempt=1, plan=other_topic).skipped == 0
+    assert len(to_b.delivered) == 300
+    elsewhere = FakeProducer()
+    assert finish(opts, elsewhere, rows(300), attempt=0, write_id="w2", cluster="c2").skipped == 0
+
+
+def test_rerun_of_a_finished_write_sends_nothing(wal_dir):
+    opts = options(wal_dir)
+    finish(opts, FakeProducer(), rows(500), attempt=0)
+    again = FakeProducer()
+    message = finish(opts, again, rows(500)[::-1], attempt=0)
+    assert (message.skipped, message.published, again.delivered) == (500, 0, [])
+
+
+def test_records_delivered_earlier_but_not_recomputed_are_reported_as_diverged(wal_dir):
+    opts = options(wal_dir)
+    crash_after(opts, FakeProducer(ack_budget=100), rows(200))
+    message = finish(opts, FakeProducer(), rows(200)[50:] + [b"new"], attempt=1)
+    assert message.diverged == 50
+
+
+def test_wal_refusal_lets_no_later_batch_into_the_log(wal_dir):
+    # Each 100-record batch is ~1.5 KB of Arrow IPC: the bound admits the first and refuses the second.
+    opts = options(wal_dir, **{"wal.maxBytes": "2500"})
+    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer(ack_budget=0))
+    with pytest.raises(WalFullError, match="wal.maxBytes=2500"):
+        for b in batches(rows(500)):
+            writer.write(b)
+        writer.commit()
+    writer.abort()
+    wal = open_wal(wal_dir)
+    [attempt] = wal.attempts("w/")
+    firsts = [s.first for s in wal.segments(attempt.key)]
+    assert firsts == [0]  # batch 0 only: no batch after the refused one
+    assert attempt.state == OPEN
+
+
+def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothing(wal_dir):
+    opts = options(wal_dir)
+    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer(ack_budget=321))
+    for b in batches(rows(1000)):
+        writer.write(b)
+    with pytest.raises(DeliveryError, match="did not acknowledge 679 of 1000"):
+        writer.commit()
+    wal = open_wal(wal_dir)
+    [attempt] = wal.attempts("w/")
+    assert attempt.state == LOGGED
+    producer = FakeProducer()
+    counts = replay_partition(wal, wal.attempts("w/"), KAFKA, producer=producer)
+    assert (counts.records, counts.sent, counts.already_delivered) == (1000, 679, 321)
+    assert sorted(producer.values()) == rows(1000)[321:]
+    rerun = FakeProducer()
+    assert finish(opts, rerun, rows(1000), attempt=0).published == 0
+
+
+def test_replay_refuses_a_partition_never_fully_logged(wal_dir):
+    opts = options(wal_dir)
+    crash_after(opts, FakeProducer(ack_budget=10), rows(300))
+    wal = open_wal(wal_dir)
+    with pytest.raises(NotFullyLogged, match="wal.writeId"):
+        replay_partition(wal, wal.attempts("w/"), KAFKA, producer=FakeProducer())
+
+
+@pytest.mark.parametrize("column", ["partition", "timestamp", "headers"])
+def test_digest_covers_every_part_of_a_record(column):
+    values = {"partition": pa.array([1, 2], pa.int32()), "timestamp": pa.array([5, 6], pa.int64()),
+              "headers": pa.array([[{"key": "h", "value": b"1"}], [{"key": "h", "value": b"2"}]])}
+    b = pa.RecordBatch.from_pydict({"key": [b"k", b"k"], "value": [b"v", b"v"], column: values[column]})
+    digests = record_digests(b, "t", "c")
+    assert digests[:16] != digests[16:]

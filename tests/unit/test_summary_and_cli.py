@@ -1,0 +1,34 @@
+"""Driver-side summaries, and the CLI's independence from Spark."""
+
+import logging
+import subprocess
+import sys
+
+from recoverable_sink.contract import SinkCommitMessage
+from recoverable_sink.summary import log_abort, summarize
+
+
+def message(partition: int, attempt: int = 0, **counts: int) -> SinkCommitMessage:
+    return SinkCommitMessage(write_id="w", partition=partition, attempt=attempt, host="h", wal_path="/wal", **counts)
+
+
+def test_summary_counts_finished_unfinished_and_retried_partitions():
+    summary = summarize([message(0, received=5, skipped=2), None, message(2, attempt=1, received=3)])
+    assert (summary["received"], summary["skipped"], summary["partitions"]) == (8, 2, 3)
+    assert (summary["finished"], summary["unfinished"], summary["retried_partitions"]) == ([0, 2], [1], 1)
+
+
+def test_abort_line_names_partitions_write_id_and_how_to_finish(caplog):
+    logging.getLogger("recoverable_sink").addHandler(caplog.handler)
+    try:
+        log_abort("write w", summarize([message(0), None]), "/wal", "w", "re-run it with wal.writeId=w")
+    finally:
+        logging.getLogger("recoverable_sink").removeHandler(caplog.handler)
+    text = caplog.text
+    assert "1 of 2 partitions did not finish ([1])" in text and "finished: [0]" in text
+    assert "--write-id w" in text and "re-run it with wal.writeId=w" in text
+
+
+def test_the_wal_cli_never_imports_pyspark():
+    code = "import sys, recoverable_sink.cli; sys.exit('pyspark' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
