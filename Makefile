@@ -6,11 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP_PY := build/.stamp-python
 STAMP_JARS := build/.stamp-jars
 
-# Spark's Python workers must run the virtualenv's interpreter, or they will not find pyarrow and lmdb.
-export PYSPARK_PYTHON := $(abspath $(PYTHON))
-export PYSPARK_DRIVER_PYTHON := $(abspath $(PYTHON))
-
-.PHONY: FORCE setup kafka-up kafka-down demo test chaos bench lint clean
+.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench lint clean
 
 setup: $(STAMP_PY) $(STAMP_JARS)
 
@@ -39,19 +35,26 @@ $(STAMP_JARS): jars/broker-pom.xml jars/spark-kafka-pom.xml
 	@mkdir -p build && touch $@
 
 kafka-up: setup
-	$(PYTHON) -m devtools.kafka_local up
+	$(PYTHON) -m testing.kafka_local up
 
 kafka-down: setup
-	$(PYTHON) -m devtools.kafka_local down
+	$(PYTHON) -m testing.kafka_local down
 
 demo: setup
 	$(PYTHON) -m demo.demo
 
-test: setup
-	$(PYTHON) -m pytest -q
+# The fast tier: no JVM, no broker (options, schema, records, WAL, identity rules, CLI replay, doctests).
+unit: setup
+	$(PYTHON) -m pytest -q tests/unit --doctest-modules recoverable_sink
+
+# Real Spark and real Kafka brokers.
+integration: setup
+	$(PYTHON) -m pytest -q tests/integration
+
+test: unit integration
 
 chaos: setup
-	$(PYTHON) -m chaos.run
+	$(PYTHON) -m testing.chaos.run
 
 bench: setup
 	$(PYTHON) -m bench.run
@@ -60,5 +63,5 @@ lint: setup
 	$(PYTHON) -m ruff check .
 
 clean:
-	-$(PYTHON) -m devtools.kafka_local down
+	-$(PYTHON) -m testing.kafka_local down
 	rm -rf build

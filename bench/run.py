@@ -37,9 +37,9 @@ from confluent_kafka.admin import AdminClient
 
 from bench.report import markdown, plot
 from bench.rss import WorkerRssSampler
-from devtools.kafka_check import count_topic
-from devtools.kafka_local import REPO, KafkaCluster
-from devtools.spark import local_spark
+from testing.kafka_check import count_topic
+from testing.kafka_local import REPO, KafkaCluster
+from testing.spark import local_spark, sink_writer
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -150,16 +150,8 @@ class Bench:
     def recoverable(self, df: DataFrame, wal: bool, **extra: str) -> Callable[[str], dict[str, Any]]:
         def write(topic: str) -> dict[str, Any]:
             summary_path = OUT / "summary.jsonl"
-            writer = (df.write.format("recoverable_kafka")
-                      .option("kafka.bootstrap.servers", self.bootstrap)
-                      .option("topic", topic)
-                      .option("wal.path", str(OUT / "wal"))
-                      .option("summary.path", str(summary_path)))
-            if not wal:
-                writer = writer.option("wal.enabled", "false")
-            for name, value in extra.items():
-                writer = writer.option(name, value)
-            writer.mode("append").save()
+            options = {"summary.path": str(summary_path), **({} if wal else {"wal.enabled": "false"}), **extra}
+            sink_writer(df, self.bootstrap, topic, OUT / "wal", **options).save()
             # The driver appends one line per write; the last one is this write's.
             return json.loads(summary_path.read_text().splitlines()[-1])
         return write
@@ -317,7 +309,7 @@ def retry_cost(b: Bench, df: DataFrame) -> dict[str, Any]:
     undisturbed; the retried tasks must skip what Kafka already acknowledged."""
     partitions = 4
     kill_after = ROWS // DF_PARTITIONS // 2
-    print(f"\n== retry cost: 100 B, {partitions}-partition topic, test.killAfterRecords={kill_after:,}", flush=True)
+    print(f"\n== retry cost: 100 B, {partitions}-partition topic, _test.killAfterRecords={kill_after:,}", flush=True)
     print("  (each killed run makes Spark log one 'Python worker exited unexpectedly' per partition: intended; "
           "those loggers are silenced for the killed runs)", flush=True)
     plain: list[Run] = []
@@ -326,7 +318,7 @@ def retry_cost(b: Bench, df: DataFrame) -> dict[str, Any]:
         plain.append(b.timed(f"wal_on no-kill rep {rep + 1}/{REPS}", partitions, ROWS, b.recoverable(df, wal=True)))
         with quiet_task_failures(b.spark):
             killed.append(b.timed(f"wal_on killed rep {rep + 1}/{REPS}", partitions, ROWS,
-                                  b.recoverable(df, wal=True, **{"test.killAfterRecords": str(kill_after)})))
+                                  b.recoverable(df, wal=True, **{"_test.killAfterRecords": str(kill_after)})))
     details = []
     for run in killed:
         s = run.summary or {}
@@ -338,7 +330,7 @@ def retry_cost(b: Bench, df: DataFrame) -> dict[str, Any]:
         if resent not in (0, None):
             b.errors.append(f"retry run re-sent {resent} records Kafka had already acknowledged")
         if run.error is None and s.get("retried_partitions", 0) < 1:
-            b.errors.append("retry run: test.killAfterRecords did not make any partition retry")
+            b.errors.append("retry run: _test.killAfterRecords did not make any partition retry")
     p = [r.seconds for r in plain if r.error is None and r.seconds]
     k = [r.seconds for r in killed if r.error is None and r.seconds]
     med_p, med_k = (statistics.median(p) if p else None), (statistics.median(k) if k else None)

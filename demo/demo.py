@@ -1,5 +1,5 @@
 """The demo job: write a generated DataFrame to Kafka with format("recoverable_kafka"), read the topic back
-with an independent consumer (devtools.kafka_check), and compare.
+with an independent consumer (testing.kafka_check), and compare.
 
     make demo                                   # uses (or starts) the local broker on 127.0.0.1:9092
     KAFKA_BOOTSTRAP=host1:9092,host2:9092 make demo   # any other cluster (it must allow topic creation)
@@ -17,9 +17,9 @@ import sys
 import time
 import uuid
 
-from devtools.kafka_check import read_topic
-from devtools.kafka_local import REPO, create_topic, ensure_local, metadata
-from devtools.spark import local_spark
+from testing.kafka_check import read_topic
+from testing.kafka_local import REPO, create_topic, ensure_local, metadata
+from testing.spark import local_spark
 
 DEMO_DIR = REPO / "build" / "demo"
 
@@ -46,9 +46,6 @@ def main() -> int:
     topic = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, topic, partitions=3)  # the cluster's default replication factor
 
-    # Spark's Python workers must run this interpreter (the virtualenv's), which has the sink's dependencies.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import functions as F
 
     from recoverable_sink import RecoverableKafkaDataSource

@@ -3,9 +3,9 @@
 Used by ``make kafka-up``/``kafka-down``, the tests' fixtures, the demo, the chaos campaign and the
 benchmark. No Docker: ``make setup`` resolves the jars from ``jars/broker-pom.xml`` into build/kafka/libs.
 
-    python -m devtools.kafka_local up      # one broker on 127.0.0.1:${KAFKA_PORT:-9092}, idempotent
-    python -m devtools.kafka_local down    # idempotent
-    python -m devtools.kafka_local status  # exit 0 when up, 1 when not
+    python -m testing.kafka_local up      # one broker on 127.0.0.1:${KAFKA_PORT:-9092}, idempotent
+    python -m testing.kafka_local down    # idempotent
+    python -m testing.kafka_local status  # exit 0 when up, 1 when not
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
-log = logging.getLogger("devtools.kafka_local")
+log = logging.getLogger("testing.kafka_local")
 
 REPO = Path(__file__).resolve().parent.parent
 LIBS = REPO / "build" / "kafka" / "libs"

@@ -1,8 +1,8 @@
 """A streaming driver program for kill-and-restart tests: runs one query into format("recoverable_kafka")
 with trigger(availableNow=True) and exits 0 when the input is processed.
 
-    python -m devtools.stream_job --source files --input DIR --bootstrap B --topic T --checkpoint C --wal W
-    python -m devtools.stream_job --source kafka --source-topic S --bootstrap B --topic T --checkpoint C --wal W
+    python -m testing.stream_job --source files --input DIR --bootstrap B --topic T --checkpoint C --wal W
+    python -m testing.stream_job --source kafka --source-topic S --bootstrap B --topic T --checkpoint C --wal W
 
 Run it in its own process group so a test can SIGKILL the driver together with its JVM and Python workers.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from devtools.spark import local_spark
+from testing.spark import local_spark, sink_stream_writer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,18 +48,12 @@ def main(argv: list[str] | None = None) -> int:
         df = spark.readStream.format("rate").option("rowsPerSecond", 1000).load() \
             .selectExpr("CAST(value AS STRING) AS value")
 
-    writer = (df.writeStream.format("recoverable_kafka")
-              .option("kafka.bootstrap.servers", args.bootstrap)
-              .option("topic", args.topic)
-              .option("wal.path", args.wal)
-              .option("checkpointLocation", args.checkpoint)
-              .outputMode(args.output_mode)
-              .trigger(availableNow=True))
+    options = dict(item.split("=", 1) for item in args.option)
     if args.summary:
-        writer = writer.option("summary.path", args.summary)
-    for item in args.option:
-        name, _, value = item.partition("=")
-        writer = writer.option(name, value)
+        options["summary.path"] = args.summary
+    writer = (sink_stream_writer(df, args.bootstrap, args.topic, args.wal, checkpointLocation=args.checkpoint,
+                                 **options)
+              .outputMode(args.output_mode).trigger(availableNow=True))
     query = writer.start()
     query.awaitTermination()
     spark.stop()

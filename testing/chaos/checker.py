@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
-from devtools.kafka_check import end_offsets, read_topic
+from testing.kafka_check import end_offsets, read_topic
 
 
 def ids_in_topic(bootstrap: str, topic: str, expected: int | None = None, timeout_s: float = 120) -> Counter[str]:

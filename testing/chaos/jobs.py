@@ -1,7 +1,7 @@
 """A batch driver program for scenarios that need a driver of their own (a local-cluster master whose
 executor JVMs can be SIGKILLed, or a process whose whole output is captured).
 
-    python -m chaos.jobs --master 'local-cluster[2,1,1024]' --rows 40000 --prefix p --bootstrap B --topic T \
+    python -m testing.chaos.jobs --master 'local-cluster[2,1,1024]' --rows 40000 --prefix p --bootstrap B --topic T \
         --wal W --summary S [--option name=value ...]
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from devtools.spark import local_spark
+from testing.spark import local_spark, sink_writer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wal", required=True)
     p.add_argument("--summary", required=True)
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--shuffle", type=int, default=0,
+                   help="repartition(N, id %% 97) before the sink: a retried task reads its rows in another order")
     args = p.parse_args(argv)
 
     spark = local_spark("recoverable-kafka-chaos-job", args.master, **{
@@ -34,12 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     df = spark.range(args.rows, numPartitions=args.partitions).select(
         F.concat(F.lit(f"{args.prefix}-"), F.col("id").cast("string")).alias("key"),
         F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("value"))
-    writer = (df.write.format("recoverable_kafka").option("kafka.bootstrap.servers", args.bootstrap)
-              .option("topic", args.topic).option("wal.path", args.wal).option("summary.path", args.summary))
-    for item in args.option:
-        name, _, value = item.partition("=")
-        writer = writer.option(name, value)
-    writer.mode("append").save()
+    if args.shuffle:
+        df = df.repartition(args.shuffle, (F.split("key", "-").getItem(1).cast("long") % 97))
+    options = dict(item.split("=", 1) for item in args.option)
+    sink_writer(df, args.bootstrap, args.topic, args.wal, **{"summary.path": args.summary, **options}).save()
     spark.stop()
     return 0
 

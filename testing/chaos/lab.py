@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devtools.kafka_local import REPO, KafkaCluster
+from testing.kafka_local import REPO, KafkaCluster
+from testing.spark import python_env, sink_writer
 
 
 @dataclass
@@ -64,11 +65,7 @@ class Lab:
         return df, [f"{prefix}-{i}" for i in range(n)]
 
     def write(self, df: Any, bootstrap: str, topic: str, wal: Path, summary: Path, **options: str) -> dict:
-        writer = (df.write.format("recoverable_kafka").option("kafka.bootstrap.servers", bootstrap)
-                  .option("topic", topic).option("wal.path", str(wal)).option("summary.path", str(summary)))
-        for k, v in options.items():
-            writer = writer.option(k, v)
-        writer.mode("append").save()
+        sink_writer(df, bootstrap, topic, wal, **{"summary.path": str(summary), **options}).save()
         return last_summary(summary)
 
 
@@ -80,7 +77,7 @@ def python_subprocess(args: list[str], log: Path, **env: str) -> subprocess.Pope
     """A child Python program in its own process group (so a SIGKILL can take all of it)."""
     out = open(log, "ab")
     return subprocess.Popen([sys.executable, *args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True, env={**os.environ, **env})
+                            start_new_session=True, env={**python_env(), **env})
 
 
 def kill_group(proc: subprocess.Popen) -> None:

@@ -16,21 +16,22 @@ import sys
 import time
 from typing import Any
 
-from chaos.lab import Lab, Trial
-from chaos.scenarios import SCENARIOS
-from devtools.kafka_local import REPO, KafkaCluster
-from devtools.spark import local_spark
+from testing.chaos.lab import Lab, Trial
+from testing.chaos.scenarios import SCENARIOS, Scenario
+from testing.kafka_local import REPO, KafkaCluster
+from testing.spark import local_spark
 
 OUT = REPO / "build" / "chaos"
 
 
-def aggregate(name: str, strict: bool, trials: list[Trial]) -> dict[str, Any]:
+def aggregate(scenario: Scenario, trials: list[Trial]) -> dict[str, Any]:
     errors: list[str] = []
     for t in trials:
         errors.extend(e for e in t.errors if e not in errors)
     return {
-        "name": name,
-        "strict": strict,  # lost and duplicated must both be 0
+        "id": scenario.id,
+        "name": scenario.title,
+        "strict": scenario.strict,  # lost and duplicated must both be 0
         "trials": len(trials),
         "records_expected": sum(t.records_expected for t in trials),
         "lost": sum(t.lost for t in trials),
@@ -46,10 +47,10 @@ def merged(results: list[dict[str, Any]], partial: bool) -> list[dict[str, Any]]
     path = OUT / "results.json"
     if not partial or not path.exists():
         return results
-    fresh = {r["name"]: r for r in results}
-    old = [r for r in json.loads(path.read_text()).get("scenarios", []) if r["name"] not in fresh]
-    order = {name: i for i, (name, _, _) in enumerate(SCENARIOS)}
-    return sorted(old + results, key=lambda r: order.get(r["name"], len(order)))
+    fresh = {r["id"] for r in results}
+    old = [r for r in json.loads(path.read_text()).get("scenarios", []) if r.get("id") not in fresh]
+    order = {s.id: i for i, s in enumerate(SCENARIOS)}
+    return sorted(old + results, key=lambda r: order.get(r.get("id", ""), len(order)))
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -93,19 +94,20 @@ def main() -> int:
     lab = Lab(OUT / "work", kafka, kafka3, spark)
     results = []
     try:
-        for name, scenario, strict in SCENARIOS:
-            if only and name.split(".")[0] not in only:
+        for scenario in SCENARIOS:
+            if only and scenario.id not in only:
                 continue
+            name = scenario.title
             runs = []
             for i in range(trials):
                 rng = random.Random(f"{seed}-{name}-{i}")
                 started = time.monotonic()
-                trial = scenario(lab, rng, rows)
+                trial = scenario.run(lab, rng, rows)
                 trial.notes["seconds"] = round(time.monotonic() - started, 1)
                 runs.append(trial)
                 print(f"{name} trial {i + 1}/{trials}: lost={trial.lost} duplicated={trial.duplicated} "
                       f"{'pass' if trial.passed else 'FAIL'} {trial.notes} errors={trial.errors}", flush=True)
-            results.append({**aggregate(name, strict, runs), "seed": seed, "rows": rows})
+            results.append({**aggregate(scenario, runs), "seed": seed, "rows": rows})
             (OUT / "results.json").write_text(json.dumps({"scenarios": merged(results, bool(only))}, indent=1))
     finally:
         if "spark" in sessions:

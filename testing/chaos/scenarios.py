@@ -13,17 +13,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from chaos.checker import ids_in_topic, verdict
-from chaos.lab import Lab, Trial, ancestor_with, kill_group, last_summary, python_subprocess
-from devtools.kafka_check import count_topic
-from devtools.kafka_local import REPO, KafkaCluster
 from recoverable_sink import wal as wal_module
-from tests.helpers import wait_until
+from recoverable_sink.identity import record_digests
+from testing.chaos.checker import ids_in_topic, verdict
+from testing.chaos.lab import Lab, Trial, ancestor_with, kill_group, last_summary, python_subprocess
+from testing.kafka_check import count_topic
+from testing.kafka_local import REPO, KafkaCluster
+from testing.spark import sink_writer
+from testing.waiting import wait_until
 
 
 def _check(trial: Trial, bootstrap: str, topic: str, ids: list[str]) -> Trial:
@@ -100,7 +103,7 @@ def python_worker_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
     df, ids = lab.records(n, 4)
     k = rng.randint(max(1, n // 40), n // 4 - n // 40)
     summary = lab.write(df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
-                        **{"test.killAfterRecords": str(k)})
+                        **{"_test.killAfterRecords": str(k)})
     trial = Trial(notes={"kill_after": k, "retried_partitions": summary["retried_partitions"],
                          "skipped": summary["skipped"]})
     trial.passed = summary["retried_partitions"] > 0
@@ -160,10 +163,10 @@ def executor_jvm_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
     k = rng.randint(max(1, n // 40), n // 4 - n // 40)
     marker = d / "paused"
     job = python_subprocess(
-        ["-m", "chaos.jobs", "--master", "local-cluster[2,1,1024]", "--rows", str(n), "--prefix", prefix,
+        ["-m", "testing.chaos.jobs", "--master", "local-cluster[2,1,1024]", "--rows", str(n), "--prefix", prefix,
          "--bootstrap", lab.kafka.bootstrap_servers, "--topic", topic, "--wal", str(d / "wal"),
-         "--summary", str(d / "summary.jsonl"), "--option", f"test.pauseAfterRecords={k}",
-         "--option", f"test.pauseFile={marker}"], d / "job.log")
+         "--summary", str(d / "summary.jsonl"), "--option", f"_test.pauseAfterRecords={k}",
+         "--option", f"_test.pauseFile={marker}"], d / "job.log")
     trial = Trial(notes={"kill_after": k})
     try:
         wait_until(lambda: marker.exists() or job.poll() is not None, 240, "a task to reach the kill point")
@@ -234,8 +237,10 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> Trial:
     """The broker dies mid-write and stays down past delivery.timeout.ms: the job fails with an error naming
-    topic and partition, the WAL keeps what Kafka did not acknowledge, and `recoverable-kafka-wal replay`
-    delivers it once the broker is back."""
+    topic and partition, the WAL keeps what Kafka did not acknowledge. Once the broker is back,
+    `recoverable-kafka-wal replay --partitions 4` finishes the fully logged partitions and refuses the others
+    (never exit 0 over a hole), then the documented recovery, a re-run with the same wal.writeId, sends the
+    rest, partitions that never started included."""
     d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "broker-down", 4)
     notes: dict[str, object] = {"at_records": int(target)}
 
@@ -263,13 +268,21 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
     # message's persistence status).
     unknown_fate = _wal_ids(d / "wal", acked=False) - _wal_ids(d / "wal", acked=True)
     trial.notes["unacknowledged_in_wal"] = len(unknown_fate)
-    replay = _cli("replay", "--path", str(d / "wal"), "--write-id", write_id,
+    replay = _cli("replay", "--path", str(d / "wal"), "--write-id", write_id, "--partitions", "4",
                   "--bootstrap-servers", lab.kafka.bootstrap_servers)
-    if replay.returncode != 0:
-        trial.errors.append(f"replay failed: {replay.stderr[-500:]}")
+    report = json.loads(replay.stdout.splitlines()[-1]) if replay.stdout.strip() else {}
+    trial.notes["replay"] = {"exit": replay.returncode, "sent": report.get("sent"),
+                             "refused": len(report.get("refused", []))}
+    if (replay.returncode == 0) != (not report.get("refused")):
+        trial.errors.append(f"replay exit {replay.returncode} does not match its refusals: {replay.stderr[-500:]}")
         trial.passed = False
-    else:
-        trial.notes["replay"] = json.loads(replay.stdout.splitlines()[-1])
+    try:
+        rerun = lab.write(df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
+                          **{"wal.writeId": write_id})
+        trial.notes["rerun"] = {k: rerun[k] for k in ("published", "skipped")}
+    except Exception as exc:  # noqa: BLE001
+        trial.errors.append(f"re-run with wal.writeId failed: {_short(exc)}")
+        trial.passed = False
     found = ids_in_topic(lab.kafka.bootstrap_servers, topic, expected=len(ids))
     trial.lost, trial.duplicated, unexpected = verdict(ids, found)
     trial.records_expected = len(ids)
@@ -294,10 +307,10 @@ def stream_driver_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
         (source / f"part-{f}.json").write_text("\n".join(rows) + "\n")
     k = rng.randint(max(1, per_file // 20), per_file - per_file // 20)
     marker = d / "paused"
-    args = ["-m", "devtools.stream_job", "--source", "files", "--input", str(source), "--max-per-trigger", "1",
+    args = ["-m", "testing.stream_job", "--source", "files", "--input", str(source), "--max-per-trigger", "1",
             "--bootstrap", lab.kafka.bootstrap_servers, "--topic", topic, "--checkpoint", str(d / "checkpoint"),
             "--wal", str(d / "wal"), "--summary", str(d / "summary.jsonl"),
-            "--option", f"test.pauseAfterRecords={k}", "--option", f"test.pauseFile={marker}"]
+            "--option", f"_test.pauseAfterRecords={k}", "--option", f"_test.pauseFile={marker}"]
     trial = Trial(notes={"kill_after": k})
     first = python_subprocess(args, d / "first.log")
     try:
@@ -319,11 +332,13 @@ def stream_driver_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
 # ---- 7. WAL bound ----------------------------------------------------------------------------------------
 
 def _wal_ids(wal_path: Path, acked: bool | None = None) -> set[str]:
-    """Keys held by every attempt in a WAL (only the (un)acknowledged ones if ``acked`` is given)."""
+    """Keys whose payload a WAL still holds (only the (un)acknowledged ones if ``acked`` is given)."""
     wal = wal_module.open_wal(str(wal_path))
     keys: set[str] = set()
     for attempt in wal.attempts():
         for seg in wal.segments(attempt.key):
+            if seg.batch is None:  # all acknowledged: only digests are left
+                continue
             for i, key in enumerate(seg.batch.column("key").to_pylist()):
                 if acked is None or bool(seg.acked[i]) == acked:
                     keys.add(key if isinstance(key, str) else key.decode())
@@ -331,28 +346,44 @@ def _wal_ids(wal_path: Path, acked: bool | None = None) -> set[str]:
 
 
 def wal_bound(lab: Lab, rng: random.Random, n: int) -> Trial:
-    """wal.maxBytes reached mid-partition: a clear error; every record the WAL accepted is in Kafka once or
-    still in the WAL; the ones it refused were never published."""
-    d, topic = lab.dir("wal-bound"), lab.topic(1)
-    df, ids = lab.records(n, 1)
-    bound = rng.randint(250_000, 600_000)  # one to three 2,000-record segments fit
-    trial = Trial(notes={"wal.maxBytes": bound})
+    """The broker dies at a random moment, so acknowledgements stop and unacknowledged payload piles up until
+    wal.maxBytes refuses a batch: a clear error, no later batch in the log. The broker comes back and a re-run
+    with the same wal.writeId (and a larger bound) delivers the rest: none lost."""
+    d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "wal-bound", 4)
+    bound = rng.randint(250_000, 600_000)  # one to three 2,000-record segments of payload
+    notes: dict[str, object] = {"wal.maxBytes": bound, "at_records": int(target)}
+
+    def fault(done: threading.Event) -> None:
+        _wait_for_records(lab.kafka.bootstrap_servers, topic, target, done)
+        notes["mid_write"] = not done.is_set()
+        lab.kafka.kill_broker(1)
+
+    trial = Trial(notes=notes)
     try:
-        lab.write(df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
-                  **{"wal.maxBytes": str(bound)})
-        trial.errors.append("the write succeeded although the WAL bound is smaller than the data")
-        trial.passed = False
+        summary = _write_with_fault(trial, fault, lambda: lab.write(
+            df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
+            **{"wal.maxBytes": str(bound), "kafka.delivery.timeout.ms": "8000", "kafka.request.timeout.ms": "3000"}))
+    finally:
+        lab.kafka.start_broker(1)
+    if summary is not None:
+        trial.notes["outcome"] = "the write finished before the WAL filled"
+        return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
+    error = trial.errors[-1] if trial.errors else ""
+    trial.notes["refused_by_bound"] = f"wal.maxBytes={bound}" in error
+    unknown_fate = _wal_ids(d / "wal", acked=False)
+    write_id = last_summary(d / "summary.jsonl")["write_id"]
+    try:
+        lab.write(df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl", **{"wal.writeId": write_id})
     except Exception as exc:  # noqa: BLE001
-        message = _short(exc)
-        trial.errors.append(message)
-        trial.passed = f"wal.maxBytes={bound}" in message and "nothing was dropped" in message
-    found = ids_in_topic(lab.kafka.bootstrap_servers, topic)
-    accepted, pending = _wal_ids(d / "wal"), _wal_ids(d / "wal", acked=False)
-    trial.records_expected = len(accepted)
-    trial.lost = sum(1 for i in accepted if found[i] == 0 and i not in pending)
-    trial.duplicated = sum(c - 1 for c in found.values() if c > 1)
-    trial.notes.update(accepted=len(accepted), in_kafka=len(found), refused=len(ids) - len(accepted))
-    trial.passed = trial.passed and trial.lost == 0 and trial.duplicated == 0 and set(found) <= accepted
+        trial.errors.append(f"re-run with wal.writeId failed: {_short(exc)}")
+        trial.passed = False
+    found = ids_in_topic(lab.kafka.bootstrap_servers, topic, expected=len(ids))
+    trial.lost, trial.duplicated, unexpected = verdict(ids, found)
+    trial.records_expected = len(ids)
+    repeated = {i for i, c in found.items() if c > 1}
+    trial.notes["repeated_outside_in_flight"] = len(repeated - unknown_fate)
+    trial.passed = trial.passed and trial.lost == 0 and not unexpected and repeated <= unknown_fate \
+        and ("wal.maxBytes" in error or "did not acknowledge" in error)
     return trial
 
 
@@ -366,9 +397,9 @@ def _make_wal(path: Path, topic: str, rows: int) -> str:
             [pa.array([f"c-{i}".encode() for i in range(first, first + 500)]),
              pa.array([f"MARK-{i:06d}-".encode() + b"v" * 40 for i in range(first, first + 500)])],
             names=["key", "value"])
-        wal.append(key, first, batch, 1 << 30, {})
-    wal.env.close()
-    wal_module._envs.pop(os.path.abspath(path), None)
+        wal.append(key, first, batch, record_digests(batch, topic, "cluster"), 1 << 30, {})
+    wal.set_state(key, wal_module.LOGGED)
+    wal_module.close_wal(str(path))
     return key
 
 
@@ -451,13 +482,8 @@ def bad_inputs(lab: Lab, rng: random.Random, n: int) -> Trial:
     def case(name: str, select: list[str], match: str, topic: str | None = topic2, mode: str = "append",
              bootstrap: str = bs, **options: str) -> None:
         def run() -> object:
-            writer = spark.range(5, numPartitions=1).selectExpr(*select).write.format("recoverable_kafka")
-            writer = writer.option("kafka.bootstrap.servers", bootstrap).option("wal.path", str(d / name))
-            if topic:
-                writer = writer.option("topic", topic)
-            for k, v in options.items():
-                writer = writer.option(k, v)
-            return writer.mode(mode).save()
+            df = spark.range(5, numPartitions=1).selectExpr(*select)
+            return sink_writer(df, bootstrap, topic, d / name, **options).mode(mode).save()
         cases.append((name, run, match))
 
     value = "CAST(id AS STRING) AS value"
@@ -501,12 +527,12 @@ def security(lab: Lab, rng: random.Random, n: int) -> Trial:
     secret, key_secret = f"Pw-{os.urandom(6).hex()}", f"Kp-{os.urandom(6).hex()}"
     trial = Trial(records_expected=0)
     common = ["--rows", "2000", "--prefix", "sec", "--topic", topic, "--summary", str(d / "summary.jsonl")]
-    ok = python_subprocess(["-m", "chaos.jobs", *common, "--bootstrap", lab.kafka.bootstrap_servers,
+    ok = python_subprocess(["-m", "testing.chaos.jobs", *common, "--bootstrap", lab.kafka.bootstrap_servers,
                             "--wal", str(d / "wal"), "--option", f"kafka.sasl.password={secret}",
                             "--option", f"kafka.ssl.key.password={key_secret}",
                             "--option", "kafka.sasl.username=alice"], d / "ok.log",
                            RECOVERABLE_SINK_LOG_LEVEL="DEBUG")
-    failing = python_subprocess(["-m", "chaos.jobs", *common, "--bootstrap", lab.kafka.bootstrap_servers,
+    failing = python_subprocess(["-m", "testing.chaos.jobs", *common, "--bootstrap", lab.kafka.bootstrap_servers,
                                  "--wal", str(d / "wal2"), "--option", "kafka.security.protocol=SASL_SSL",
                                  "--option", "kafka.sasl.mechanism=PLAIN", "--option", "kafka.sasl.username=alice",
                                  "--option", f"kafka.sasl.password={secret}",
@@ -543,19 +569,191 @@ def security(lab: Lab, rng: random.Random, n: int) -> Trial:
     return trial
 
 
-SCENARIOS: list[tuple[str, Callable[[Lab, random.Random, int], Trial], bool]] = [
-    # (name, function, strict: lost and duplicated must both be 0). Every scenario requires lost == 0; 1b and 5
-    # allow repeats only where the sink cannot know the outcome (see README, Guarantees).
-    ("1. Python worker SIGKILL at a checkpoint (local[2,4])", python_worker_kill, True),
-    ("1b. Python worker SIGKILL at a random moment", python_worker_kill_random_moment, False),
-    ("2. Executor JVM SIGKILL (local-cluster[2,1,1024])", executor_jvm_kill, True),
-    ("3. Broker SIGKILL and restart, single broker", broker_kill_single, True),
-    ("4. Partition leader SIGKILL, 3 brokers, RF 3, min.isr 2", leader_kill_three_brokers, True),
-    ("5. Broker down past delivery.timeout.ms, then replay", broker_down_past_delivery_timeout, False),
-    ("6. Streaming driver SIGKILL and restart from checkpoint", stream_driver_kill, True),
-    ("7. WAL bound (wal.maxBytes) reached", wal_bound, False),
-    ("8. WAL corruption: flipped byte, truncated file", wal_corruption, False),
-    ("9. Disk full under wal.path (1 MiB tmpfs)", disk_full, False),
-    ("10. Bad inputs", bad_inputs, False),
-    ("11. Security: WAL modes, secrets never logged", security, False),
+# ---- 12. Streaming driver SIGKILL at random moments ------------------------------------------------------
+
+def _stream_files(d: Path, files: int, per_file: int) -> Path:
+    """JSON input files with increasing modification times, so micro-batch i (maxFilesPerTrigger=1) reads
+    file i; ids 0..files*per_file-1 (each trial writes to a fresh topic)."""
+    source = d / "in"
+    source.mkdir()
+    base = time.time() - 3600
+    for f in range(files):
+        rows = (json.dumps({"id": i, "payload": "p" * 40})
+                for i in range(f * per_file, (f + 1) * per_file))
+        path = source / f"part-{f:03d}.json"
+        path.write_text("\n".join(rows) + "\n")
+        os.utime(path, (base + f, base + f))
+    return source
+
+
+def _stream_args(source: Path, d: Path, bootstrap: str, topic: str) -> list[str]:
+    return ["-m", "testing.stream_job", "--source", "files", "--input", str(source), "--max-per-trigger", "1",
+            "--bootstrap", bootstrap, "--topic", topic, "--checkpoint", str(d / "checkpoint"),
+            "--wal", str(d / "wal"), "--summary", str(d / "summary.jsonl")]
+
+
+def _commits(summary: Path) -> list[int]:
+    if not summary.exists():
+        return []
+    return [json.loads(line)["batch_id"] for line in summary.read_text().splitlines()
+            if line.strip() and json.loads(line)["event"] == "commit"]
+
+
+def _kill_stream_at_random(lab: Lab, rng: random.Random, d: Path, args: list[str], topic: str, total: int,
+                           kills: int, notes: dict[str, Any]) -> None:
+    """Run the streaming driver, SIGKILL it ``kills`` times at random moments (one of them right after a
+    micro-batch's commit() returned, before Spark may have written its commit log), restart it each time from
+    the same checkpoint, and let the last run finish."""
+    moments = []
+    for k in range(kills):
+        job = python_subprocess(args, d / f"run{k}.log")
+        try:
+            if k == 0:
+                goal = len(_commits(d / "summary.jsonl")) + rng.randint(1, 3)
+                wait_until(lambda j=job, g=goal: len(_commits(d / "summary.jsonl")) >= g or j.poll() is not None,
+                           300, "a micro-batch to be committed", every_s=0.005)
+                moments.append(f"right after batch {goal - 1}'s commit(), maybe before its commit log")
+            else:
+                target = rng.uniform(0.2, 0.9) * total
+                wait_until(lambda j=job, t=target: count_topic(lab.kafka.bootstrap_servers, topic) >= t
+                           or j.poll() is not None, 300, "the query to reach the kill point", every_s=0.01)
+                moments.append(f"at {int(target)} records in the topic")
+        finally:
+            kill_group(job)
+    notes["kills"] = moments
+    last = python_subprocess(args, d / "final.log")
+    if last.wait(600) != 0:
+        raise RuntimeError((d / "final.log").read_text()[-2000:])
+
+
+def stream_driver_kill_random(lab: Lab, rng: random.Random, n: int) -> Trial:
+    """The streaming driver SIGKILLed (with its JVM and Python workers) at random moments, one of them right
+    after a micro-batch's tasks returned and its commit() ran, then restarted from the same checkpoint."""
+    d, topic = lab.dir("stream-random"), lab.topic(2)
+    files = 8
+    per_file = max(1, n // files)
+    source = _stream_files(d, files, per_file)
+    trial = Trial(notes={})
+    try:
+        _kill_stream_at_random(lab, rng, d, _stream_args(source, d, lab.kafka.bootstrap_servers, topic), topic,
+                               files * per_file, 2, trial.notes)
+    except Exception as exc:  # noqa: BLE001
+        trial.errors.append(str(exc)[-600:])
+        trial.passed = False
+        return trial
+    return _check(trial, lab.kafka.bootstrap_servers, topic, [str(i) for i in range(files * per_file)])
+
+
+# ---- 13. A restarted query that writes to another topic --------------------------------------------------
+
+def stream_restart_to_another_topic(lab: Lab, rng: random.Random, n: int) -> Trial:
+    """A streaming query to topic A is SIGKILLed at a random moment and restarted from the same checkpoint
+    writing to topic B (Spark allows it): every record of a batch committed before the kill is in A, every
+    record of the batches run after the restart is in B (none skipped because A had it), none twice in a
+    topic."""
+    d, topic_a, topic_b = lab.dir("stream-retopic"), lab.topic(2), lab.topic(2)
+    files = 6
+    per_file = max(1, n // files)
+    source = _stream_files(d, files, per_file)
+    bs = lab.kafka.bootstrap_servers
+    trial = Trial(notes={})
+    try:
+        first = python_subprocess(_stream_args(source, d, bs, topic_a), d / "run-a.log")
+        target = rng.uniform(0.15, 0.75) * files * per_file
+        try:
+            wait_until(lambda: count_topic(bs, topic_a) >= target or first.poll() is not None, 300,
+                       "the query to reach the kill point", every_s=0.01)
+        finally:
+            kill_group(first)
+        committed_before = set(_commits(d / "summary.jsonl"))
+        second = python_subprocess(_stream_args(source, d, bs, topic_b), d / "run-b.log")
+        if second.wait(600) != 0:
+            raise RuntimeError((d / "run-b.log").read_text()[-2000:])
+    except Exception as exc:  # noqa: BLE001
+        trial.errors.append(str(exc)[-600:])
+        trial.passed = False
+        return trial
+    # The checkpoint's commit log may be one batch ahead of the summary lines (a kill between the two):
+    # a batch is "in A" if its commit() ran before the kill, else B must have all of it.
+    in_a, in_b = ids_in_topic(bs, topic_a), ids_in_topic(bs, topic_b)
+    after = sorted(set(_commits(d / "summary.jsonl")) - committed_before)
+    ids_of = {f: [str(i) for i in range(f * per_file, (f + 1) * per_file)] for f in range(files)}
+    trial.records_expected = files * per_file
+    trial.lost = sum(1 for f in range(files) for i in ids_of[f]
+                     if (in_a[i] == 0 if f in committed_before else in_b[i] == 0))
+    trial.duplicated = sum(c - 1 for c in in_a.values() if c > 1) + sum(c - 1 for c in in_b.values() if c > 1)
+    trial.notes.update(at_records=int(target), batches_committed_to_a=sorted(committed_before),
+                       batches_run_towards_b=after, in_a=len(in_a), in_b=len(in_b))
+    trial.passed = trial.lost == 0 and trial.duplicated == 0 and set(range(files)) == committed_before | set(after)
+    return trial
+
+
+# ---- 14. A sink stage reading a shuffle, executor JVM SIGKILLed ------------------------------------------
+
+def shuffle_executor_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
+    """On local-cluster[2,1,1024] the sink reads the output of repartition(8, id % 97), whose rows a retried
+    task reads in another order; an executor JVM is SIGKILLed at a random moment of the write. Repeats are
+    limited to records acknowledged after the last checkpoint (reported); none lost."""
+    d, topic = lab.dir("shuffle-executor-kill"), lab.topic(4)
+    prefix = f"sh{rng.randrange(1 << 30):x}"
+    rows = 3 * n
+    job = python_subprocess(
+        ["-m", "testing.chaos.jobs", "--master", "local-cluster[2,1,1024]", "--rows", str(rows), "--prefix", prefix,
+         "--shuffle", "8", "--bootstrap", lab.kafka.bootstrap_servers, "--topic", topic, "--wal", str(d / "wal"),
+         "--summary", str(d / "summary.jsonl")], d / "job.log")
+    target = rng.uniform(0.1, 0.6) * rows
+    trial = Trial(notes={"at_records": int(target)})
+    try:
+        wait_until(lambda: count_topic(lab.kafka.bootstrap_servers, topic) >= target or job.poll() is not None,
+                   300, "the write to reach the kill point", every_s=0.01)
+        workers = _python_workers(d / "wal")
+        executors = {e for e in (ancestor_with(w, "CoarseGrainedExecutorBackend") for w in workers) if e}
+        if job.poll() is None and executors:
+            victim = rng.choice(sorted(executors))
+            os.kill(victim, signal.SIGKILL)
+            trial.notes["killed_executor_pid"] = victim
+        if job.wait(400) != 0:
+            raise RuntimeError((d / "job.log").read_text()[-2000:])
+        summary = last_summary(d / "summary.jsonl")
+        trial.notes.update(retried_partitions=summary["retried_partitions"], skipped=summary["skipped"])
+    except Exception as exc:  # noqa: BLE001
+        trial.errors.append(str(exc)[-600:])
+        trial.passed = False
+        kill_group(job)
+        return trial
+    _check(trial, lab.kafka.bootstrap_servers, topic, [f"{prefix}-{i}" for i in range(rows)])
+    trial.passed = trial.lost == 0 and not trial.errors and "killed_executor_pid" in trial.notes
+    return trial
+
+
+@dataclass(frozen=True)
+class Scenario:
+    id: str  # what CHAOS_ONLY and the test ids use
+    title: str
+    run: Callable[[Lab, random.Random, int], Trial]
+    strict: bool  # lost and duplicated must both be 0 (every scenario requires lost == 0)
+
+
+# Non-strict scenarios allow repeats only where the sink cannot know the outcome (records acknowledged after
+# the last checkpoint of a killed process, or in flight when a broker died): see README, Guarantees.
+SCENARIOS: list[Scenario] = [
+    Scenario("1", "1. Python worker SIGKILL at a checkpoint (local[2,4])", python_worker_kill, True),
+    Scenario("1b", "1b. Python worker SIGKILL at a random moment", python_worker_kill_random_moment, False),
+    Scenario("2", "2. Executor JVM SIGKILL (local-cluster[2,1,1024])", executor_jvm_kill, True),
+    Scenario("3", "3. Broker SIGKILL and restart, single broker", broker_kill_single, True),
+    Scenario("4", "4. Partition leader SIGKILL, 3 brokers, RF 3, min.isr 2", leader_kill_three_brokers, True),
+    Scenario("5", "5. Broker down past delivery.timeout.ms, then replay and re-run", broker_down_past_delivery_timeout,
+             False),
+    Scenario("6", "6. Streaming driver SIGKILL at a checkpoint, restart from checkpoint", stream_driver_kill, True),
+    Scenario("7", "7. wal.maxBytes reached (broker killed at random), then re-run", wal_bound, False),
+    Scenario("8", "8. WAL corruption: flipped byte, truncated file", wal_corruption, False),
+    Scenario("9", "9. Disk full under wal.path (1 MiB tmpfs)", disk_full, False),
+    Scenario("10", "10. Bad inputs", bad_inputs, False),
+    Scenario("11", "11. Security: WAL modes, secrets never logged", security, False),
+    Scenario("12", "12. Streaming driver SIGKILL at random moments (one after a batch's commit())",
+             stream_driver_kill_random, True),
+    Scenario("13", "13. Streaming query killed at random, restarted towards another topic",
+             stream_restart_to_another_topic, True),
+    Scenario("14", "14. Shuffle before the sink, executor JVM SIGKILL at random (local-cluster)",
+             shuffle_executor_kill, False),
 ]

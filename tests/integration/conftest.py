@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from devtools.kafka_local import REPO, KafkaCluster
-from devtools.spark import local_spark
+from testing.kafka_local import REPO, KafkaCluster
+from testing.spark import local_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from devtools.kafka_check import count_topic, read_topic
-from devtools.kafka_local import KafkaCluster, _cmdline, _pid_alive
-from tests.helpers import wait_until
+from testing.kafka_check import count_topic, read_topic
+from testing.kafka_local import KafkaCluster, _cmdline, _pid_alive
+from testing.waiting import wait_until
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], partition: int | None = None) -> None:

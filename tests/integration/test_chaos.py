@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from chaos.lab import Lab
-from chaos.scenarios import SCENARIOS
 from recoverable_sink import RecoverableKafkaDataSource
+from testing.chaos.lab import Lab
+from testing.chaos.scenarios import SCENARIOS
 
 
 @pytest.fixture(scope="module")
@@ -20,11 +20,11 @@ def lab(spark, kafka, request, tmp_path_factory):
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
 
 
-@pytest.mark.parametrize(("name", "scenario", "strict"), SCENARIOS, ids=[s[0].split(".")[0] for s in SCENARIOS])
-def test_fault_scenario(lab, name, scenario, strict):
-    trial = scenario(lab, random.Random(f"test-{name}"), 16_000)
-    assert trial.passed, f"{name}: {trial}"
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.id for s in SCENARIOS])
+def test_fault_scenario(lab, scenario):
+    trial = scenario.run(lab, random.Random(f"test-{scenario.id}"), 16_000)
+    assert trial.passed, f"{scenario.title}: {trial}"
     assert trial.lost == 0, trial
-    if strict:
+    if scenario.strict:
         assert trial.duplicated == 0, trial
         assert trial.records_expected > 0

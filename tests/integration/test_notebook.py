@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from devtools.kafka_local import REPO, KafkaCluster
+from testing.kafka_local import REPO, KafkaCluster
 
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 

@@ -7,8 +7,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from devtools.kafka_check import read_topic
-from devtools.kafka_local import REPO
+from testing.kafka_check import read_topic
+from testing.kafka_local import REPO
 
 APP = '''
 import json, sys

@@ -6,9 +6,10 @@ import os
 import pytest
 from pyspark.sql import functions as F
 
-from devtools.kafka_check import read_topic
 from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.wal import open_wal
+from testing.kafka_check import read_topic
+from testing.spark import sink_writer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -17,13 +18,7 @@ def registered(spark):
 
 
 def write(df, bootstrap, wal, topic=None, mode="append", **options):
-    writer = df.write.format("recoverable_kafka").option("kafka.bootstrap.servers", bootstrap)
-    writer = writer.option("wal.path", str(wal))
-    if topic:
-        writer = writer.option("topic", topic)
-    for k, v in options.items():
-        writer = writer.option(k, v)
-    writer.mode(mode).save()
+    sink_writer(df, bootstrap, topic or None, wal, **options).mode(mode).save()
 
 
 def assert_driver_side(wal):
@@ -134,16 +129,18 @@ def test_wal_path_that_cannot_be_created_is_named(spark, kafka, new_topic, tmp_p
               blocker / "wal", new_topic())
 
 
-def test_wal_bound_is_a_clear_error_and_accepted_records_stay(spark, kafka, new_topic, tmp_path):
+def test_wal_bound_refuses_before_anything_is_sent_and_a_rerun_with_the_write_id_finishes(spark, kafka, new_topic,
+                                                                                           tmp_path):
+    """wal.maxBytes bounds payload Kafka has not acknowledged: a batch bigger than the bound is refused before
+    the producer sees it; the re-run under the same wal.writeId with room delivers every record once."""
     topic = new_topic()
     df = spark.range(30_000, numPartitions=1).selectExpr("CAST(id AS STRING) AS value", "repeat('p', 100) AS key")
-    with pytest.raises(Exception, match=r"would pass wal\.maxBytes=2000000; nothing was dropped"):
-        write(df, kafka.bootstrap_servers, tmp_path / "wal", topic, **{"wal.maxBytes": "2000000"})
+    options = {"wal.writeId": "bounded-write", "wal.maxBytes": "100000"}
+    with pytest.raises(Exception, match=r"would pass wal\.maxBytes=100000; nothing was dropped"):
+        write(df, kafka.bootstrap_servers, tmp_path / "wal", topic, **options)
+    assert read_topic(kafka.bootstrap_servers, topic, 5) == []
     wal = open_wal(str(tmp_path / "wal"))
-    attempts = wal.attempts()
-    assert attempts, "the failed attempts' logs stay in the WAL"
-    stored = {seg.first for a in attempts for seg in wal.segments(a.key)}
-    assert stored and 0 < wal.used_bytes() <= 2_000_000
-    # What was accepted was published once: every attempt after the first skipped what the first delivered.
-    values = [r["value"] for r in read_topic(kafka.bootstrap_servers, topic, 30)]
-    assert len(values) == len(set(values)) > 0
+    assert wal.attempts("bounded-write/") and wal.used_bytes() == 0
+    write(df, kafka.bootstrap_servers, tmp_path / "wal", topic, **{**options, "wal.maxBytes": "64m"})
+    values = [r["value"] for r in read_topic(kafka.bootstrap_servers, topic, 60, expected=30_000)]
+    assert len(values) == len(set(values)) == 30_000

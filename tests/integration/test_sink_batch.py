@@ -17,9 +17,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from devtools.kafka_check import read_topic
 from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.wal import open_wal
+from testing.kafka_check import read_topic
+from testing.spark import sink_writer
 
 HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 
@@ -30,15 +31,8 @@ def registered(spark):
 
 
 def sink(df, kafka, tmp_path, topic=None, **options):
-    writer = (df.write.format("recoverable_kafka")
-              .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-              .option("wal.path", str(tmp_path / "wal"))
-              .option("summary.path", str(tmp_path / "summary.jsonl")))
-    if topic is not None:
-        writer = writer.option("topic", topic)
-    for k, v in options.items():
-        writer = writer.option(k.replace("_", "."), v)
-    writer.mode("append").save()
+    sink_writer(df, kafka.bootstrap_servers, topic, tmp_path / "wal",
+                **{"summary.path": str(tmp_path / "summary.jsonl"), **options}).save()
     lines = (tmp_path / "summary.jsonl").read_text().splitlines()
     return json.loads(lines[-1])
 
@@ -115,7 +109,7 @@ def test_killed_python_worker_is_retried_and_every_record_lands_once(spark, kafk
     topic = new_topic(partitions=3)
     df = spark.range(40_000, numPartitions=2).selectExpr("CAST(id % 97 AS STRING) AS key",
                                                          "CAST(id AS STRING) AS value")
-    summary = sink(df, kafka, tmp_path, topic, test_killAfterRecords="6000")
+    summary = sink(df, kafka, tmp_path, topic, **{"_test.killAfterRecords": "6000"})
     assert summary["retried_partitions"] == 2
     assert summary["skipped"] >= 2 * 6000
     assert summary["received"] == 40_000
@@ -136,7 +130,7 @@ def test_auto_registration_module_exposes_the_data_source():
 def test_wal_off_still_delivers_everything(spark, kafka, new_topic, tmp_path):
     topic = new_topic()
     summary = sink(spark.range(3000).selectExpr("CAST(id AS STRING) AS value"), kafka, tmp_path, topic,
-                   wal_enabled="false")
+                   **{"wal.enabled": "false"})
     assert summary["acknowledged"] == 3000
     assert not os.path.exists(tmp_path / "wal")
     assert len(read_topic(kafka.bootstrap_servers, topic, 30, expected=3000)) == 3000

@@ -10,11 +10,12 @@ import sys
 import pytest
 from confluent_kafka import Producer
 
-from devtools.kafka_check import read_topic
-from devtools.kafka_local import REPO
 from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.wal import open_wal
-from tests.helpers import wait_until
+from testing.kafka_check import read_topic
+from testing.kafka_local import REPO
+from testing.spark import python_env, sink_stream_writer
+from testing.waiting import wait_until
 
 FILES, PER_FILE = 3, 20_000
 
@@ -39,8 +40,8 @@ def ids_in(kafka, topic, expected):
 def start_job(tmp_path, name, *args):
     """The driver in its own process group, so a SIGKILL takes its JVM and Python workers with it."""
     log = open(tmp_path / f"{name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "devtools.stream_job", *args], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "testing.stream_job", *args], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True, env=python_env())
 
 
 def finish(proc, tmp_path, name, timeout_s=240):
@@ -55,12 +56,11 @@ def finish(proc, tmp_path, name, timeout_s=240):
 def test_file_stream_writes_every_record_once(spark, kafka, new_topic, tmp_path):
     topic = new_topic(partitions=2)
     source = json_input(tmp_path / "in", files=2, per_file=5000)
-    query = (spark.readStream.schema("id LONG, payload STRING").option("maxFilesPerTrigger", 1).json(str(source))
-             .selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value")
-             .writeStream.format("recoverable_kafka")
-             .option("kafka.bootstrap.servers", kafka.bootstrap_servers).option("topic", topic)
-             .option("wal.path", str(tmp_path / "wal")).option("summary.path", str(tmp_path / "summary.jsonl"))
-             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+    df = (spark.readStream.schema("id LONG, payload STRING").option("maxFilesPerTrigger", 1).json(str(source))
+          .selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value"))
+    query = (sink_stream_writer(df, kafka.bootstrap_servers, topic, tmp_path / "wal",
+                                **{"summary.path": str(tmp_path / "summary.jsonl"),
+                                   "checkpointLocation": str(tmp_path / "checkpoint")})
              .trigger(availableNow=True).start())
     query.awaitTermination(180)
     assert query.exception() is None
@@ -69,19 +69,20 @@ def test_file_stream_writes_every_record_once(spark, kafka, new_topic, tmp_path)
     batches = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
     assert [b["batch_id"] for b in batches] == [0, 1]
     assert all(b["event"] == "commit" and b["acknowledged"] == 5000 for b in batches)
-    assert open_wal(str(tmp_path / "wal")).attempts() == []
+    # Proof of delivery of the last batch stays until a later batch runs: digests only, no payload.
+    wal = open_wal(str(tmp_path / "wal"))
+    assert {a.extra["batch_id"] for a in wal.attempts()} == {1}
+    assert all(a.state == "done" for a in wal.attempts()) and wal.stats().payload_bytes == 0
 
 
 def aggregate_query(spark, kafka, topic, tmp_path, mode):
     source = json_input(tmp_path / "in", files=2, per_file=300)
-    return (spark.readStream.schema("id LONG, payload STRING").option("maxFilesPerTrigger", 1).json(str(source))
-            .selectExpr("CAST(id % 10 AS STRING) AS key").groupBy("key").count()
-            .selectExpr("key", "CAST(count AS STRING) AS value")
-            .writeStream.format("recoverable_kafka").outputMode(mode)
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers).option("topic", topic)
-            .option("wal.path", str(tmp_path / "wal"))
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True).start())
+    df = (spark.readStream.schema("id LONG, payload STRING").option("maxFilesPerTrigger", 1).json(str(source))
+          .selectExpr("CAST(id % 10 AS STRING) AS key").groupBy("key").count()
+          .selectExpr("key", "CAST(count AS STRING) AS value"))
+    return (sink_stream_writer(df, kafka.bootstrap_servers, topic, tmp_path / "wal",
+                               checkpointLocation=str(tmp_path / "checkpoint"))
+            .outputMode(mode).trigger(availableNow=True).start())
 
 
 def test_complete_mode_appends_the_whole_result_every_trigger(spark, kafka, new_topic, tmp_path):
@@ -113,7 +114,7 @@ def test_driver_killed_mid_batch_restarts_with_every_record_once(kafka, new_topi
     args = ["--source", "files", "--input", str(source), "--max-per-trigger", "1",
             "--bootstrap", kafka.bootstrap_servers, "--topic", topic, "--checkpoint", str(tmp_path / "checkpoint"),
             "--wal", str(tmp_path / "wal"), "--summary", str(tmp_path / "summary.jsonl"),
-            "--option", f"test.pauseAfterRecords={pause_at}", "--option", f"test.pauseFile={marker}"]
+            "--option", f"_test.pauseAfterRecords={pause_at}", "--option", f"_test.pauseFile={marker}"]
     first = start_job(tmp_path, "first", *args)
     wait_until(lambda: marker.exists() or first.poll() is not None, 180, "the first run to reach the kill point")
     assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
@@ -128,7 +129,10 @@ def test_driver_killed_mid_batch_restarts_with_every_record_once(kafka, new_topi
     assert sorted(ids) == list(range(FILES * PER_FILE))
     rerun = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()][0]
     assert rerun["batch_id"] == 0 and rerun["skipped"] >= pause_at, rerun
-    assert open_wal(str(tmp_path / "wal")).attempts() == []
+    # Proof of delivery of the last batch stays until a later batch runs: digests only, no payload.
+    wal = open_wal(str(tmp_path / "wal"))
+    assert {a.extra["batch_id"] for a in wal.attempts()} == {FILES - 1}
+    assert all(a.state == "done" for a in wal.attempts()) and wal.stats().payload_bytes == 0
 
 
 def test_kafka_source_pipeline_killed_and_restarted_delivers_each_record_once(kafka, new_topic, tmp_path):
@@ -148,7 +152,7 @@ def test_kafka_source_pipeline_killed_and_restarted_delivers_each_record_once(ka
     args = ["--source", "kafka", "--source-topic", source, "--max-per-trigger", "12000",
             "--bootstrap", kafka.bootstrap_servers, "--topic", sink_topic,
             "--checkpoint", str(tmp_path / "checkpoint"), "--wal", str(tmp_path / "wal"),
-            "--option", "test.pauseAfterRecords=2500", "--option", f"test.pauseFile={marker}"]
+            "--option", "_test.pauseAfterRecords=2500", "--option", f"_test.pauseFile={marker}"]
     first = start_job(tmp_path, "first", *args)
     wait_until(lambda: marker.exists() or first.poll() is not None, 180, "the first run to reach the kill point")
     assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
