@@ -192,16 +192,22 @@ class PartitionWriter:
         return self.tracker.take_dirty()
 
     def _checkpoint(self, wait_s: float) -> None:
-        """Persist what Kafka acknowledged so far (after waiting up to ``wait_s`` for the rest)."""
-        if wait_s > 0:
-            wait_for_acks(self.producer, self.tracker, wait_s)
-        else:
-            self.producer.poll(0)
-        self._last_checkpoint = time.monotonic()
-        if self.wal is not None and self.attempt_key is not None:
-            if self._last_store is not None:
-                wait([self._last_store])  # bitmaps of a segment only after the segment itself
-            self.wal.save_acks(self.attempt_key, self._take_dirty())
+        """Persist what Kafka acknowledged so far; with ``wait_s``, wait up to that long for the rest, persisting
+        every ``_CHECKPOINT_EVERY_S`` meanwhile (a kill during a long final flush repeats little)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining > 0 and self.tracker.outstanding:
+                wait_for_acks(self.producer, self.tracker, min(remaining, _CHECKPOINT_EVERY_S))
+            else:
+                self.producer.poll(0)
+            self._last_checkpoint = time.monotonic()
+            if self.wal is not None and self.attempt_key is not None:
+                if self._last_store is not None:
+                    wait([self._last_store])  # bitmaps of a segment only after the segment itself
+                self.wal.save_acks(self.attempt_key, self._take_dirty())
+            if not self.tracker.outstanding or time.monotonic() >= deadline:
+                return
 
     # ---- the end --------------------------------------------------------------------------------------
     def commit(self) -> SinkCommitMessage:

@@ -235,14 +235,9 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> Trial:
-    """The broker dies mid-write and stays down past delivery.timeout.ms: the job fails with an error naming
-    topic and partition, the WAL keeps what Kafka did not acknowledge. Once the broker is back,
-    `recoverable-kafka-wal replay --partitions 4` finishes the fully logged partitions and refuses the others
-    (never exit 0 over a hole), then the documented recovery, a re-run with the same wal.writeId, sends the
-    rest, partitions that never started included."""
-    d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "broker-down", 4)
-    notes: dict[str, object] = {"at_records": int(target)}
+def _write_through_broker_death(lab: Lab, d: Path, topic: str, df: Any, target: float, notes: dict[str, object],
+                                **options: str) -> tuple[Trial, dict | None]:
+    """Write while the broker is SIGKILLed once ``target`` records landed; restart it when the write is over."""
 
     def fault(done: threading.Event) -> None:
         _wait_for_records(lab.kafka.bootstrap_servers, topic, target, done)
@@ -253,29 +248,18 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
     try:
         summary = _write_with_fault(trial, fault, lambda: lab.write(
             df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
-            **{"kafka.delivery.timeout.ms": "6000", "kafka.request.timeout.ms": "3000"}))
+            **{"kafka.request.timeout.ms": "3000", **options}))
     finally:
         lab.kafka.start_broker(1)
-    if summary is not None:
-        trial.notes["outcome"] = "the write finished before the broker died"
-        return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
-    error = trial.errors[-1] if trial.errors else ""
-    if "did not acknowledge" not in error:
-        trial.passed = False
+    return trial, summary
+
+
+def _rerun_and_count(lab: Lab, trial: Trial, d: Path, topic: str, df: Any, ids: list[str],
+                     unknown_fate: set[str]) -> Trial:
+    """The documented recovery, a re-run under the failed write's wal.writeId, then the count: none lost, and
+    a repeat only of a record whose fate was unknown (in flight when the broker died), never of one Kafka had
+    acknowledged."""
     write_id = last_summary(d / "summary.jsonl")["write_id"]
-    # What the WAL holds as never acknowledged: records whose delivery timed out are among them, and the broker
-    # may have stored those before it died (librdkafka cannot tell; its Python binding does not expose the
-    # message's persistence status).
-    unknown_fate = _wal_ids(d / "wal", acked=False) - _wal_ids(d / "wal", acked=True)
-    trial.notes["unacknowledged_in_wal"] = len(unknown_fate)
-    replay = _cli("replay", "--path", str(d / "wal"), "--write-id", write_id, "--partitions", "4",
-                  "--bootstrap-servers", lab.kafka.bootstrap_servers)
-    report = json.loads(replay.stdout.splitlines()[-1]) if replay.stdout.strip() else {}
-    trial.notes["replay"] = {"exit": replay.returncode, "sent": report.get("sent"),
-                             "refused": len(report.get("refused", []))}
-    if (replay.returncode == 0) != (not report.get("refused")):
-        trial.errors.append(f"replay exit {replay.returncode} does not match its refusals: {replay.stderr[-500:]}")
-        trial.passed = False
     try:
         rerun = lab.write(df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
                           **{"wal.writeId": write_id})
@@ -288,9 +272,38 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
     trial.records_expected = len(ids)
     repeated = {i for i, c in found.items() if c > 1}
     trial.notes["repeated_outside_unknown_fate"] = len(repeated - unknown_fate)
-    # No loss; a repeat is only allowed for a record whose delivery timed out, never for an acknowledged one.
     trial.passed = trial.passed and trial.lost == 0 and not unexpected and repeated <= unknown_fate
     return trial
+
+
+def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> Trial:
+    """The broker dies mid-write and stays down past delivery.timeout.ms: the job fails with an error naming
+    topic and partition, the WAL keeps what Kafka did not acknowledge. Once the broker is back,
+    `recoverable-kafka-wal replay --partitions 4` finishes the fully logged partitions and refuses the others
+    (never exit 0 over a hole), then the documented recovery, a re-run with the same wal.writeId, sends the
+    rest, partitions that never started included."""
+    d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "broker-down", 4)
+    trial, summary = _write_through_broker_death(lab, d, topic, df, target, {"at_records": int(target)},
+                                                 **{"kafka.delivery.timeout.ms": "6000"})
+    if summary is not None:
+        trial.notes["outcome"] = "the write finished before the broker died"
+        return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
+    if "did not acknowledge" not in (trial.errors[-1] if trial.errors else ""):
+        trial.passed = False
+    # Records whose delivery timed out are among the unacknowledged ones, and the broker may have stored those
+    # before it died (librdkafka cannot tell; its Python binding does not expose the persistence status).
+    unknown_fate = _wal_ids(d / "wal", acked=False)
+    trial.notes["unacknowledged_in_wal"] = len(unknown_fate)
+    write_id = last_summary(d / "summary.jsonl")["write_id"]
+    replay = _cli("replay", "--path", str(d / "wal"), "--write-id", write_id, "--partitions", "4",
+                  "--bootstrap-servers", lab.kafka.bootstrap_servers)
+    report = json.loads(replay.stdout.splitlines()[-1]) if replay.stdout.strip() else {}
+    trial.notes["replay"] = {"exit": replay.returncode, "sent": report.get("sent"),
+                             "refused": len(report.get("refused", []))}
+    if (replay.returncode == 0) != (not report.get("refused")):
+        trial.errors.append(f"replay exit {replay.returncode} does not match its refusals: {replay.stderr[-500:]}")
+        trial.passed = False
+    return _rerun_and_count(lab, trial, d, topic, df, ids, unknown_fate)
 
 
 # ---- 6. Streaming driver SIGKILL and restart from checkpoint ---------------------------------------------
@@ -348,43 +361,20 @@ def _wal_ids(wal_path: Path, acked: bool | None = None) -> set[str]:
 def wal_bound(lab: Lab, rng: random.Random, n: int) -> Trial:
     """The broker dies at a random moment, so acknowledgements stop and unacknowledged payload piles up until
     wal.maxBytes refuses a batch: a clear error, no later batch in the log. The broker comes back and a re-run
-    with the same wal.writeId (and a larger bound) delivers the rest: none lost."""
+    with the same wal.writeId delivers the rest: none lost."""
     d, topic, df, ids, target = _random_fault_setup(lab, rng, n, "wal-bound", 4)
     bound = rng.randint(250_000, 600_000)  # one to three 2,000-record segments of payload
-    notes: dict[str, object] = {"wal.maxBytes": bound, "at_records": int(target)}
-
-    def fault(done: threading.Event) -> None:
-        _wait_for_records(lab.kafka.bootstrap_servers, topic, target, done)
-        notes["mid_write"] = not done.is_set()
-        lab.kafka.kill_broker(1)
-
-    trial = Trial(notes=notes)
-    try:
-        summary = _write_with_fault(trial, fault, lambda: lab.write(
-            df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
-            **{"wal.maxBytes": str(bound), "kafka.delivery.timeout.ms": "8000", "kafka.request.timeout.ms": "3000"}))
-    finally:
-        lab.kafka.start_broker(1)
+    trial, summary = _write_through_broker_death(
+        lab, d, topic, df, target, {"wal.maxBytes": bound, "at_records": int(target)},
+        **{"wal.maxBytes": str(bound), "kafka.delivery.timeout.ms": "8000"})
     if summary is not None:
         trial.notes["outcome"] = "the write finished before the WAL filled"
         return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
     error = trial.errors[-1] if trial.errors else ""
     trial.notes["refused_by_bound"] = f"wal.maxBytes={bound}" in error
-    unknown_fate = _wal_ids(d / "wal", acked=False)
-    write_id = last_summary(d / "summary.jsonl")["write_id"]
-    try:
-        lab.write(df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl", **{"wal.writeId": write_id})
-    except Exception as exc:  # noqa: BLE001
-        trial.errors.append(f"re-run with wal.writeId failed: {_short(exc)}")
+    if "wal.maxBytes" not in error and "did not acknowledge" not in error:
         trial.passed = False
-    found = ids_in_topic(lab.kafka.bootstrap_servers, topic, expected=len(ids))
-    trial.lost, trial.duplicated, unexpected = verdict(ids, found)
-    trial.records_expected = len(ids)
-    repeated = {i for i, c in found.items() if c > 1}
-    trial.notes["repeated_outside_in_flight"] = len(repeated - unknown_fate)
-    trial.passed = trial.passed and trial.lost == 0 and not unexpected and repeated <= unknown_fate \
-        and ("wal.maxBytes" in error or "did not acknowledge" in error)
-    return trial
+    return _rerun_and_count(lab, trial, d, topic, df, ids, _wal_ids(d / "wal", acked=False))
 
 
 # ---- 8. WAL corruption -----------------------------------------------------------------------------------
