@@ -81,20 +81,9 @@ class Bench:
 
     # ---- topics ---------------------------------------------------------------------------------------
     def fresh_topic(self, label: str, partitions: int) -> str:
-        topic = self.cluster.create_topic(f"bench-{label}-{uuid.uuid4().hex[:8]}", partitions, 1)
-        # Leaders in the metadata do not mean every partition's log is open: an idempotent Java producer whose
-        # first request reaches a partition a moment too early gets it retried behind later batches and then
-        # spins on OUT_OF_ORDER_SEQUENCE_NUMBER until delivery.timeout.ms (KAFKA-15591; seen here as a 120 s
-        # stall and a duplicating task retry). Each partition answering ListOffsets means its log is open.
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if count_topic(self.bootstrap, topic) == 0:
-                    return topic
-            except Exception as exc:  # not ready yet: retry until the deadline
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"topic {topic} not writable after 30 s: {exc}") from None
-            time.sleep(0.1)
+        # create_topic waits until every partition's log answers (a first request too early made Spark's sink
+        # stall 120 s and duplicate: KAFKA-15591).
+        return self.cluster.create_topic(f"bench-{label}-{uuid.uuid4().hex[:8]}", partitions, 1)
 
     def drop_topic(self, topic: str) -> None:
         # 1 KB x 2M rows is 2 GB of log per run: delete it as soon as it is counted.

@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
 
 log = logging.getLogger("testing.kafka_local")
@@ -97,8 +97,8 @@ def metadata(bootstrap: str, timeout_s: float = 2) -> ClusterMetadata | None:
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, replication_factor: int | None = None,
                  config: dict[str, str] | None = None, timeout_s: float = 30) -> str:
-    """Create ``name`` and wait until every partition has a leader. ``replication_factor`` None means the
-    brokers' default (so it works on any cluster, whatever its size)."""
+    """Create ``name`` and wait until every partition's leader answers for it. ``replication_factor`` None
+    means the brokers' default (so it works on any cluster, whatever its size)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = NewTopic(name, partitions, -1 if replication_factor is None else replication_factor,
                      config=config or {})
@@ -107,10 +107,25 @@ def create_topic(bootstrap: str, name: str, partitions: int = 1, replication_fac
     while time.monotonic() < deadline:
         meta = admin.list_topics(name, timeout=5).topics.get(name)
         if meta is not None and meta.error is None and len(meta.partitions) == partitions and \
-                all(p.leader >= 0 for p in meta.partitions.values()):
+                all(p.leader >= 0 for p in meta.partitions.values()) and _logs_open(bootstrap, name, partitions):
             return name
         time.sleep(0.1)
-    raise TimeoutError(f"topic {name} has no leader for every partition after {timeout_s}s")
+    raise TimeoutError(f"topic {name} is not served by a leader on every partition after {timeout_s}s")
+
+
+def _logs_open(bootstrap: str, topic: str, partitions: int) -> bool:
+    """Whether every partition answers ListOffsets. A leader in the metadata does not mean its log is open yet:
+    a first request a moment too early gets NOT_LEADER_FOR_PARTITION, and an idempotent Java producer then
+    spins on OUT_OF_ORDER_SEQUENCE_NUMBER until delivery.timeout.ms (KAFKA-15591)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ready-{uuid.uuid4().hex}"})
+    try:
+        for p in range(partitions):
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)
+        return True
+    except KafkaException:
+        return False
+    finally:
+        consumer.close()
 
 
 class KafkaCluster:
