@@ -12,7 +12,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.summary import log_abort, log_commit, summarize, write_summary
@@ -50,6 +50,13 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         write_summary(self.options.summary_path, "commit", self.write_id, summary)
         if self.options.write_id is None:
             self._release_proof()
+            if self.options.exactly_once:
+                # A generated id is never re-run: its markers are of no further use. Under wal.writeId they stay
+                # (a re-run of a committed write then sends nothing) until offsets.retention.minutes.
+                from recoverable_sink.transactions import delete_markers, marker_groups
+
+                partitions = [m.partition for m in messages if isinstance(m, SinkCommitMessage)]
+                delete_markers(self.options, marker_groups(self.options, self.write_id, partitions))
 
     def _release_proof(self) -> None:
         """A write under a generated id is never re-run, so once it is committed its proof of delivery is of no

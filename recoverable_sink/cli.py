@@ -80,6 +80,14 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
             f".option('wal.writeId', '{a.write_id}') instead: it sends only what was never acknowledged"
         )
     attempt, later = attempts[chosen], attempts[chosen + 1:]
+    if any(a.extra.get("guarantee") == "exactly_once" for a in attempts):
+        # Its acknowledgements may belong to an aborted transaction, and a replay outside the partition's
+        # transactional id would not be fenced nor leave a marker.
+        raise NotFullyLogged(
+            f"partition {attempt.partition} of write {attempt.write_id} was written with "
+            "delivery.guarantee=exactly_once: replay cannot keep that promise; re-run the write with "
+            f".option('wal.writeId', '{attempt.write_id}') and the same transactional.id.prefix instead"
+        )
     options = parse_options(kafka)
     producer = producer if producer is not None else producers.get(options)
     acked_later = wal.delivered(later)

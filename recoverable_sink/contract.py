@@ -44,3 +44,10 @@ class SinkCommitMessage(WriterCommitMessage):
     diverged: int = 0  # acknowledged to an earlier attempt but absent from this attempt's input
     wal_bytes: int = 0
     seconds: float = 0.0
+    committed_before: bool = False  # exactly_once: an earlier attempt's transaction already holds the partition
+    query_id: str | None = None  # streaming only
+
+
+def stream_write_id(query_id: str, batch_id: int) -> str:
+    """The write id of one micro-batch: stable across task retries and driver restarts from a checkpoint."""
+    return f"{query_id}-b{batch_id:012d}"

@@ -19,6 +19,17 @@ KAFKA_PREFIX = "kafka."
 DEFAULT_WAL_MAX_BYTES = 4 << 30  # payload Kafka has not acknowledged yet, for all tasks on a host
 DEFAULT_RETENTION_HOURS = 168.0
 DEFAULT_PREFLIGHT_TIMEOUT_MS = 30_000
+AT_LEAST_ONCE = "at_least_once"
+EXACTLY_ONCE = "exactly_once"
+DEFAULT_TRANSACTIONAL_ID_PREFIX = "recoverable-kafka-"
+# A partition's transaction must commit within this; the brokers' transaction.max.timeout.ms (15 min by default)
+# caps it, and preflight checks the two against each other.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
+
+# Settings an admin client or a consumer of the same cluster needs (connection and security, not producing).
+_CLIENT_PREFIXES = ("bootstrap.servers", "security.protocol", "sasl.", "ssl.", "ssl_", "enable.ssl.", "client.",
+                    "socket.", "broker.", "api.version", "metadata.", "reconnect.", "connections.", "retry.backoff",
+                    "debug", "log_level", "allow.auto.create.topics")
 
 # What the sink sets unless the user says otherwise. acks/idempotence are also enforced (see below).
 PRODUCER_DEFAULTS: dict[str, str] = {
@@ -44,7 +55,8 @@ _REJECTED: dict[str, str] = {
     "(default murmur2_random, the Java client's hashing)",
     "interceptor.classes": "Java interceptors cannot run in librdkafka; remove it",
     "max.block.ms": "librdkafka never blocks the caller; the sink itself waits for queue space, so remove it",
-    "transactional.id": "the sink manages its own producers and gives exactly-once through its WAL; remove it",
+    "transactional.id": "the sink gives each partition its own transactional id: set delivery.guarantee=exactly_once "
+    "(and transactional.id.prefix if your ACLs need one)",
     "ssl.truststore.location": "librdkafka reads PEM files: use kafka.ssl.ca.location",
     "ssl.truststore.password": "librdkafka reads PEM files: use kafka.ssl.ca.location",
     "ssl.truststore.type": "librdkafka reads PEM files: use kafka.ssl.ca.location",
@@ -62,6 +74,8 @@ _SINK_OPTIONS = {
     "wal.enabled",
     "wal.retentionhours",
     "wal.writeid",
+    "delivery.guarantee",
+    "transactional.id.prefix",
     "preflight.timeoutms",
     "summary.path",
 }
@@ -87,6 +101,8 @@ class SinkOptions:
     preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
     summary_path: str | None = None
     write_id: str | None = None
+    guarantee: str = AT_LEAST_ONCE
+    transactional_id_prefix: str = DEFAULT_TRANSACTIONAL_ID_PREFIX
     # Private fault injection for the test suite and the chaos campaign (``_test.*`` options); None for users.
     faults: FaultPlan | None = None
 
@@ -104,6 +120,10 @@ class SinkOptions:
         for secret in self.secrets():
             text = text.replace(secret, "***")
         return text
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.guarantee == EXACTLY_ONCE
 
     @property
     def bootstrap_servers(self) -> str:
@@ -201,6 +221,35 @@ def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
     return conf
 
 
+def client_config(options: SinkOptions) -> dict[str, str]:
+    """The connection and security part of the producer configuration, for an admin client or a consumer."""
+    return {k: v for k, v in options.producer_items if k.startswith(_CLIENT_PREFIXES)}
+
+
+def _guarantee(value: str, conf: dict[str, str]) -> str:
+    guarantee = value.strip().lower()
+    if guarantee not in (AT_LEAST_ONCE, EXACTLY_ONCE):
+        raise OptionError(f"option delivery.guarantee={value!r} must be {AT_LEAST_ONCE} (the default: the WAL "
+                          f"protocol) or {EXACTLY_ONCE} (Kafka transactions; consumers read with "
+                          "isolation.level=read_committed)")
+    if guarantee == EXACTLY_ONCE:
+        conf.setdefault("transaction.timeout.ms", str(DEFAULT_TRANSACTION_TIMEOUT_MS))
+        if "delivery.timeout.ms" not in conf and "message.timeout.ms" not in conf:
+            # librdkafka would raise an unset delivery timeout to the transaction timeout: keep its usual 5 min
+            conf["delivery.timeout.ms"] = "300000"
+    elif "transaction.timeout.ms" in conf:
+        raise OptionError("option kafka.transaction.timeout.ms applies only with delivery.guarantee=exactly_once; "
+                          "set that too, or remove it")
+    return guarantee
+
+
+def _prefix(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]{0,100}", value):
+        raise OptionError(f"option transactional.id.prefix={value!r} may hold only letters, digits, '.', '_' and "
+                          "'-' (at most 100)")
+    return value
+
+
 def _write_id(value: str | None) -> str | None:
     if value is None:
         return None
@@ -232,8 +281,10 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     topic = lowered.get("topic")
     if topic is not None and not topic.strip():
         raise OptionError("option topic is empty: give a topic name, or drop the option and use a topic column")
+    conf = _producer_config(kafka)
+    guarantee = _guarantee(lowered.get("delivery.guarantee", AT_LEAST_ONCE), conf)
     return SinkOptions(
-        producer_items=tuple(sorted(_producer_config(kafka).items())),
+        producer_items=tuple(sorted(conf.items())),
         topic=topic,
         wal_path=lowered.get("wal.path") or None,
         wal_max_bytes=parse_size("wal.maxBytes", lowered.get("wal.maxbytes", str(DEFAULT_WAL_MAX_BYTES))),
@@ -246,5 +297,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         ) / 1000,
         summary_path=lowered.get("summary.path") or None,
         write_id=_write_id(lowered.get("wal.writeid")),
+        guarantee=guarantee,
+        transactional_id_prefix=_prefix(lowered.get("transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX)),
         faults=parse_faults(lowered),
     )

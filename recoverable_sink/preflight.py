@@ -7,8 +7,11 @@ import re
 
 from confluent_kafka import KafkaException, Producer
 
+from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import SinkOptions
+
+log = get_logger("preflight")
 
 _PROPERTY = re.compile(r"""property:? ["']?([\w.]+)""")
 # librdkafka names a property by its canonical name; users often write the alias (the Java client's name).
@@ -65,3 +68,53 @@ def check_cluster(options: SinkOptions) -> str:
         return metadata.cluster_id
     finally:
         producer.flush(0)
+
+
+def check_transactions(options: SinkOptions) -> None:
+    """For delivery.guarantee=exactly_once: the brokers run transactions, this principal may use the sink's
+    transactional ids and marker groups, and kafka.transaction.timeout.ms is within the brokers' maximum.
+    Each is an OptionError naming what to change, raised before any task starts."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    from recoverable_sink.options import client_config
+    from recoverable_sink.transactions import describe
+
+    timeout_s = options.preflight_timeout_s
+    asked_ms = int(options.producer_config()["transaction.timeout.ms"])
+    admin = AdminClient(client_config(options))
+    brokers = list(admin.list_topics(timeout=timeout_s).brokers)
+    try:
+        resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))
+        configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+        entry = configs.get("transaction.max.timeout.ms")
+        broker_max = int(entry.value) if entry is not None and entry.value is not None else None
+    except (KafkaException, IndexError) as exc:  # no DESCRIBE_CONFIGS right: init_transactions will tell
+        broker_max = None
+        log.info("could not read the brokers' transaction.max.timeout.ms (%s); init_transactions checks it",
+                 options.scrub(str(exc)))
+    if broker_max is not None and asked_ms > broker_max:
+        raise OptionError(
+            f"option kafka.transaction.timeout.ms={asked_ms} exceeds the brokers' transaction.max.timeout.ms="
+            f"{broker_max}: a partition's transaction must commit within it; lower the option (and write smaller "
+            "partitions), or raise the brokers' maximum")
+
+    # A probe transactional id and marker group under the same prefix: ACLs and the coordinator, on the driver.
+    probe = f"{options.transactional_id_prefix}preflight"
+    producer: Producer | None = None
+    try:
+        producer = Producer({**options.producer_config(), "transactional.id": probe})
+        producer.init_transactions(timeout_s)
+    except KafkaException as exc:
+        problem = describe(exc.args[0], "init_transactions", probe)
+        raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
+    finally:
+        if producer is not None:
+            producer.flush(0)
+    try:
+        admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(probe)],
+                                          request_timeout=timeout_s)[probe].result()
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+            problem = describe(exc.args[0], "reading the commit marker group", probe)
+            raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None

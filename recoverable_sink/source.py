@@ -14,7 +14,7 @@ from pyspark.sql.types import StructType
 from recoverable_sink.batch import RecoverableKafkaBatchWriter
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import SinkOptions, parse_options
-from recoverable_sink.preflight import check_cluster
+from recoverable_sink.preflight import check_cluster, check_transactions
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.schema import plan_schema
 from recoverable_sink.stream import RecoverableKafkaStreamWriter
@@ -56,7 +56,10 @@ class RecoverableKafkaDataSource(DataSource):
         """Options, schema plan and cluster id, all checked on the driver before any task runs."""
         options = parse_options(self.options)
         plan = plan_schema(schema, options.topic)
-        return WriterArgs(options, plan, check_cluster(options))
+        cluster_id = check_cluster(options)
+        if options.exactly_once:
+            check_transactions(options)
+        return WriterArgs(options, plan, cluster_id)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:

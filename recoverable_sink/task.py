@@ -33,6 +33,7 @@ from recoverable_sink.errors import DeliveryError, RecordError
 from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan, check_batch, normalise, to_records
+from recoverable_sink.transactions import PartitionTransaction
 from recoverable_sink.wal import LOGGED, AttemptInfo, Wal, open_wal, sweep_now_and_then
 
 log = get_logger("task")
@@ -101,7 +102,17 @@ class PartitionWriter:
         self.faults = faults
         self.where = ident.where
         self.started = time.monotonic()
-        self.producer = producer if producer is not None else producers.get(options)
+        # exactly_once: this partition's own transactional producer; open() fences every earlier attempt, on
+        # any host, and says whether one of them already committed the partition (then nothing is sent).
+        self.txn: PartitionTransaction | None = None
+        self.committed_before = False
+        if options.exactly_once:
+            self.txn = PartitionTransaction(options, ident.write_id, ident.partition, self.where, options.scrub)
+            self.committed_before = self.txn.open(plan.topic_option)
+            assert self.txn.producer is not None
+            self.producer = self.txn.producer
+        else:
+            self.producer = producer if producer is not None else producers.get(options)
         self.max_message = int(options.producer_config().get("message.max.bytes", 1_000_000))
         self.partitions = _Partitions(self.producer, self.where)
         self.tracker = DeliveryTracker()
@@ -115,13 +126,19 @@ class PartitionWriter:
         self.priors: list[AttemptInfo] = []
         self.delivered = DeliveredSet()
         self.attempt_key: str | None = None
+        self.marker_topic = plan.topic_option
         if self.wal is not None:
             sweep_now_and_then(self.wal, options.retention_seconds)
             self.priors = self.wal.prior_attempts(ident.write_id, ident.partition)
-            self.delivered = self.wal.delivered(self.priors)
-            self.attempt_key = self.wal.begin_attempt(
-                ident.write_id, ident.partition, ident.attempt,
-                {**ident.extra, "kind": ident.kind, "topic": plan.topic_option, "cluster_id": cluster_id})
+            if not options.exactly_once:
+                # Under transactions an earlier attempt's acknowledged records count only if its transaction
+                # committed, which the marker tells (all or nothing): per-record proof is not used.
+                self.delivered = self.wal.delivered(self.priors)
+            if not self.committed_before:
+                self.attempt_key = self.wal.begin_attempt(
+                    ident.write_id, ident.partition, ident.attempt,
+                    {**ident.extra, "kind": ident.kind, "topic": plan.topic_option, "cluster_id": cluster_id,
+                     "guarantee": options.guarantee})
             if self.priors:
                 log.info("%s: found %d earlier attempt(s) in WAL %s; sending only what Kafka never acknowledged",
                          self.where, len(self.priors), self.wal.path)
@@ -133,9 +150,15 @@ class PartitionWriter:
         """Check one batch, log what must be sent, and produce the batch before it."""
         if raw.num_rows == 0:
             return
+        if self.committed_before:  # an earlier attempt's transaction holds this partition already
+            self.position += raw.num_rows
+            self.message.skipped += raw.num_rows
+            return
         batch = normalise(raw, self.plan)
         check_batch(batch, self.plan.topic_option, self.where, self.position, self.max_message, self.partitions)
         self.position += batch.num_rows
+        if self.marker_topic is None:
+            self.marker_topic = batch.column("topic")[0].as_py()
         if self.wal is not None:
             digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
             if self.delivered:
@@ -211,7 +234,10 @@ class PartitionWriter:
 
     # ---- the end --------------------------------------------------------------------------------------
     def commit(self) -> SinkCommitMessage:
-        """Produce the last batch, wait for every acknowledgement, and leave only proof of delivery."""
+        """Produce the last batch, wait for every acknowledgement, and leave only proof of delivery (under
+        exactly_once: commit the transaction with its marker, and leave nothing)."""
+        if self.committed_before:
+            return self._already_committed()
         if self._pending is not None:
             self._produce(self._pending)
             self._pending = None
@@ -233,7 +259,17 @@ class PartitionWriter:
         message.received = self.position
         message.acknowledged = tracker.acked
         message.diverged = self.delivered.left_over()
-        if self.wal is not None and self.attempt_key is not None:
+        if self.txn is not None:
+            # Between here and commit_transaction's return a kill leaves the outcome to the next attempt's
+            # init_transactions (it completes a commit under way, or aborts) and its marker read.
+            if self.marker_topic is not None and tracker.produced:
+                self.txn.commit(self.marker_topic, tracker.acked, _final_wait_s(self.options))
+            else:
+                self.txn.abort()  # nothing was sent: no transaction, no marker
+            self.txn.close()
+            if self.wal is not None and self.attempt_key is not None:
+                self.wal.purge([self.attempt_key, *(p.key for p in self.priors)])
+        elif self.wal is not None and self.attempt_key is not None:
             self.wal.finish(self.attempt_key, [p.key for p in self.priors])
         message.seconds = time.monotonic() - self.started
         if self.priors:
@@ -243,18 +279,33 @@ class PartitionWriter:
                      message.diverged)
         return message
 
+    def _already_committed(self) -> SinkCommitMessage:
+        assert self.txn is not None
+        self.txn.close()
+        if self.wal is not None and self.priors:
+            self.wal.purge([p.key for p in self.priors])  # whatever they logged is in Kafka
+        self.message.received = self.position
+        self.message.committed_before = True
+        self.message.seconds = time.monotonic() - self.started
+        return self.message
+
     def abort(self) -> None:
         """After a failure: give records already handed over their chance to be acknowledged and persist what
         was, so a retry skips them; then drop the producer so no stale delivery reaches the next task."""
         try:
             if self._last_store is not None:
                 wait([self._last_store])  # its outcome does not matter here; LMDB commits whole or not at all
-            self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if self.tracker.outstanding else 0)
+            # Under exactly_once the transaction is aborted whatever was acknowledged: nothing to wait for.
+            waiting = self.tracker.outstanding and self.txn is None
+            self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if waiting else 0)
         except Exception as secondary:  # noqa: BLE001 - the original error is the one to report
             log.warning("%s: could not checkpoint acknowledgements after the failure: %s", self.where,
                         self.options.scrub(str(secondary)))
         finally:
-            producers.discard(self.options)
+            if self.txn is not None:
+                self.txn.abort()  # the records stay in the WAL; a re-run under the same id sends them
+            else:
+                producers.discard(self.options)
 
 
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,

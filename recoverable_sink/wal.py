@@ -541,11 +541,6 @@ _SWEEP_EVERY_S = 600.0
 _last_sweep: dict[str, float] = {}
 
 
-def stream_write_id(query_id: str, batch_id: int) -> str:
-    """The write id of one micro-batch: stable across task retries and driver restarts from a checkpoint."""
-    return f"{query_id}-b{batch_id:012d}"
-
-
 def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
     """Remove the logs of micro-batches of ``query_id`` before ``batch_id``: Spark starts a batch only after
     every earlier one is in the query's commit log, so their proof of delivery is no longer needed (and any

@@ -11,9 +11,10 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 
-def _consumer(bootstrap: str, group_prefix: str) -> Consumer:
+def _consumer(bootstrap: str, group_prefix: str, isolation: str = "read_committed") -> Consumer:
     return Consumer({
         "bootstrap.servers": bootstrap,
+        "isolation.level": isolation,  # librdkafka's default too; read_uncommitted also shows aborted records
         "group.id": f"{group_prefix}-{uuid.uuid4().hex}",  # a fresh group: no committed offsets to resume from
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
@@ -48,7 +49,8 @@ def count_topic(bootstrap: str, topic: str, timeout_s: float = 10) -> int:
         consumer.close()
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 60, expected: int | None = None) -> list[dict[str, Any]]:
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60, expected: int | None = None,
+               isolation: str = "read_committed") -> list[dict[str, Any]]:
     """Every record of ``topic``, as dicts with key, value (bytes or None), topic, partition, offset,
     timestamp (ms) and headers (list of (str, bytes | None) or None).
 
@@ -61,7 +63,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60, expected: int 
         time.sleep(0.2)
         ends = end_offsets(bootstrap, topic)
 
-    consumer = _consumer(bootstrap, "check")
+    consumer = _consumer(bootstrap, "check", isolation)
     out: list[dict[str, Any]] = []
     try:
         todo = {p for p, end in ends.items() if end > 0}

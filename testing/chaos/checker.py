@@ -12,17 +12,21 @@ from collections.abc import Iterable
 from testing.kafka_check import end_offsets, read_topic
 
 
-def ids_in_topic(bootstrap: str, topic: str, expected: int | None = None, timeout_s: float = 120) -> Counter[str]:
-    """How many times each key is in ``topic`` (read to the end offsets)."""
+def ids_in_topic(bootstrap: str, topic: str, expected: int | None = None, timeout_s: float = 120,
+                 isolation: str = "read_committed") -> Counter[str]:
+    """How many times each key is in ``topic`` (read to the end offsets), as a consumer with ``isolation``
+    (``read_committed``, librdkafka's default, or ``read_uncommitted``) sees it."""
     if shutil.which("kcat") is None:
-        return Counter(r["key"].decode() for r in read_topic(bootstrap, topic, timeout_s, expected=expected))
+        return Counter(r["key"].decode() for r in read_topic(bootstrap, topic, timeout_s, expected=expected,
+                                                             isolation=isolation))
     # Wait on the offsets only (kcat -e reads every partition to its end). Past the deadline, count what is
     # there: fewer records than expected is a result (lost), not an error.
     deadline = time.monotonic() + timeout_s
     while expected is not None and sum(end_offsets(bootstrap, topic).values()) < expected \
             and time.monotonic() < deadline:
         time.sleep(0.2)
-    out = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q",
+    out = subprocess.run(["kcat", "-C", "-b", bootstrap, "-X", f"isolation.level={isolation}", "-t", topic,
+                          "-o", "beginning", "-e", "-q",
                           "-f", "%k\\n"], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
     return Counter(line for line in out.splitlines() if line)
 

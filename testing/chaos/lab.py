@@ -31,7 +31,8 @@ class Trial:
 
 class Lab:
     def __init__(self, work: Path, kafka: KafkaCluster, kafka3: Callable[[], KafkaCluster],
-                 spark: Callable[[], Any]) -> None:
+                 spark: Callable[[], Any], guarantee: str = "at_least_once") -> None:
+        self.guarantee = guarantee  # delivery.guarantee of every write the scenarios make
         self.work = work
         self.kafka = kafka
         self._kafka3 = kafka3
@@ -40,6 +41,14 @@ class Lab:
     @property
     def spark(self) -> Any:
         return self._spark()
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.guarantee == "exactly_once"
+
+    def job_args(self) -> list[str]:
+        """The delivery guarantee, for a subprocess job (testing.chaos.jobs, testing.stream_job)."""
+        return ["--option", f"delivery.guarantee={self.guarantee}"]
 
     @property
     def kafka3(self) -> KafkaCluster:
@@ -65,7 +74,8 @@ class Lab:
         return df, [f"{prefix}-{i}" for i in range(n)]
 
     def write(self, df: Any, bootstrap: str, topic: str, wal: Path, summary: Path, **options: str) -> dict:
-        sink_writer(df, bootstrap, topic, wal, **{"summary.path": str(summary), **options}).save()
+        sink_writer(df, bootstrap, topic, wal, **{"summary.path": str(summary), "delivery.guarantee": self.guarantee,
+                                                  **options}).save()
         return last_summary(summary)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,14 +31,22 @@ from testing.spark import sink_writer
 from testing.waiting import wait_until
 
 
-def _check(trial: Trial, bootstrap: str, topic: str, ids: list[str]) -> Trial:
+def _check(lab: Lab, trial: Trial, bootstrap: str, topic: str, ids: list[str]) -> Trial:
+    """Count as a read_committed consumer; under exactly_once, also report what read_uncommitted sees."""
     found = ids_in_topic(bootstrap, topic, expected=len(ids))
     trial.lost, trial.duplicated, unexpected = verdict(ids, found)
     trial.records_expected = len(ids)
+    _report_uncommitted(lab, trial, bootstrap, topic, ids)
     if unexpected:
         trial.errors.append(f"{unexpected} records with ids that were never written")
     trial.passed = trial.passed and trial.lost == 0 and trial.duplicated == 0 and not unexpected
     return trial
+
+
+def _report_uncommitted(lab: Lab, trial: Trial, bootstrap: str, topic: str, ids: list[str]) -> None:
+    if lab.exactly_once:
+        lost, duplicated, _ = verdict(ids, ids_in_topic(bootstrap, topic, isolation="read_uncommitted"))
+        trial.notes["read_uncommitted"] = {"lost": lost, "duplicated": duplicated}
 
 
 def _short(exc: BaseException) -> str:
@@ -117,7 +126,7 @@ def python_worker_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
     trial = Trial(notes={"kill_after": k, "retried_partitions": summary["retried_partitions"],
                          "skipped": summary["skipped"]})
     trial.passed = summary["retried_partitions"] > 0
-    return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
+    return _check(lab, trial, lab.kafka.bootstrap_servers, topic, ids)
 
 
 def _python_workers(wal_dir: Path) -> list[int]:
@@ -157,7 +166,7 @@ def python_worker_kill_random_moment(lab: Lab, rng: random.Random, n: int) -> Tr
                                                                  d / "summary.jsonl"))
     if summary:
         notes["retried_partitions"] = summary["retried_partitions"]
-    _check(trial, lab.kafka.bootstrap_servers, topic, ids)
+    _check(lab, trial, lab.kafka.bootstrap_servers, topic, ids)
     # Duplicates here are the documented in-flight window; a kill that hit no writer proves nothing.
     trial.passed = trial.lost == 0 and not trial.errors and ("killed_pid" in notes or summary is not None)
     return trial
@@ -165,9 +174,10 @@ def python_worker_kill_random_moment(lab: Lab, rng: random.Random, n: int) -> Tr
 
 # ---- 2. Executor JVM SIGKILL on local-cluster ------------------------------------------------------------
 
-def executor_jvm_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
+def executor_jvm_kill(lab: Lab, rng: random.Random, n: int, wipe_wal: bool = False) -> Trial:
     """On local-cluster[2,1,1024], the executor JVM running a task is SIGKILLed once the task's first k
-    records are acknowledged; the task is rescheduled on an executor of the same host, where the WAL is."""
+    records are acknowledged; the task is rescheduled on an executor of the same host, where the WAL is
+    (with ``wipe_wal``, the WAL directory is deleted too: the retry runs as if on another host)."""
     d, topic = lab.dir("executor-kill"), lab.topic(4)
     prefix = f"ex{rng.randrange(1 << 30):x}"
     k = rng.randint(max(1, n // 40), n // 4 - n // 40)
@@ -176,7 +186,7 @@ def executor_jvm_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
         ["-m", "testing.chaos.jobs", "--master", "local-cluster[2,1,1024]", "--rows", str(n), "--prefix", prefix,
          "--bootstrap", lab.kafka.bootstrap_servers, "--topic", topic, "--wal", str(d / "wal"),
          "--summary", str(d / "summary.jsonl"), "--option", f"_test.pauseAfterRecords={k}",
-         "--option", f"_test.pauseFile={marker}"], d / "job.log")
+         "--option", f"_test.pauseFile={marker}", *lab.job_args()], d / "job.log")
     trial = Trial(notes={"kill_after": k})
     try:
         wait_until(lambda: marker.exists() or job.poll() is not None, 240, "a task to reach the kill point")
@@ -188,6 +198,9 @@ def executor_jvm_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
             raise RuntimeError(f"no executor JVM above Python worker {worker_pid}")
         os.kill(executor, signal.SIGKILL)
         trial.notes["killed_executor_pid"] = executor
+        if wipe_wal:
+            shutil.rmtree(d / "wal")
+            trial.notes["wal_deleted"] = True
         code = job.wait(300)
         if code != 0:
             raise RuntimeError((d / "job.log").read_text()[-2000:])
@@ -199,7 +212,7 @@ def executor_jvm_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
         trial.passed = False
         kill_group(job)
         return trial
-    return _check(trial, lab.kafka.bootstrap_servers, topic, [f"{prefix}-{i}" for i in range(n)])
+    return _check(lab, trial, lab.kafka.bootstrap_servers, topic, [f"{prefix}-{i}" for i in range(n)])
 
 
 # ---- 3./4. Broker SIGKILL and restart mid-write -----------------------------------------------------------
@@ -223,7 +236,7 @@ def _broker_kill(lab: Lab, rng: random.Random, n: int, cluster: KafkaCluster, re
     _write_with_fault(trial, fault, lambda: lab.write(df, cluster.bootstrap_servers, topic, d / "wal",
                                                        d / "summary.jsonl"))
     trial.passed = not trial.errors
-    return _check(trial, cluster.bootstrap_servers, topic, ids)
+    return _check(lab, trial, cluster.bootstrap_servers, topic, ids)
 
 
 def broker_kill_single(lab: Lab, rng: random.Random, n: int) -> Trial:
@@ -280,6 +293,9 @@ def _rerun_and_count(lab: Lab, trial: Trial, d: Path, topic: str, df: Any, ids: 
     found = ids_in_topic(lab.kafka.bootstrap_servers, topic, expected=len(ids))
     trial.lost, trial.duplicated, unexpected = verdict(ids, found)
     trial.records_expected = len(ids)
+    _report_uncommitted(lab, trial, lab.kafka.bootstrap_servers, topic, ids)
+    if lab.exactly_once:
+        unknown_fate = set()  # an aborted transaction's records are invisible: nothing may repeat
     repeated = {i for i, c in found.items() if c > 1}
     trial.notes["repeated_outside_unknown_fate"] = len(repeated - unknown_fate)
     trial.passed = trial.passed and trial.lost == 0 and not unexpected and repeated <= unknown_fate
@@ -297,8 +313,10 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
                                                  **{"kafka.delivery.timeout.ms": "6000"})
     if summary is not None:
         trial.notes["outcome"] = "the write finished before the broker died"
-        return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
-    if "did not acknowledge" not in (trial.errors[-1] if trial.errors else ""):
+        return _check(lab, trial, lab.kafka.bootstrap_servers, topic, ids)
+    error = trial.errors[-1] if trial.errors else ""
+    # Under exactly_once a task that starts while the broker is down fails in init_transactions instead.
+    if "did not acknowledge" not in error and not (lab.exactly_once and "init_transactions" in error):
         trial.passed = False
     # Records whose delivery timed out are among the unacknowledged ones, and the broker may have stored those
     # before it died (librdkafka cannot tell; its Python binding does not expose the persistence status).
@@ -333,7 +351,7 @@ def stream_driver_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
     args = ["-m", "testing.stream_job", "--source", "files", "--input", str(source), "--max-per-trigger", "1",
             "--bootstrap", lab.kafka.bootstrap_servers, "--topic", topic, "--checkpoint", str(d / "checkpoint"),
             "--wal", str(d / "wal"), "--summary", str(d / "summary.jsonl"),
-            "--option", f"_test.pauseAfterRecords={k}", "--option", f"_test.pauseFile={marker}"]
+            "--option", f"_test.pauseAfterRecords={k}", "--option", f"_test.pauseFile={marker}", *lab.job_args()]
     trial = Trial(notes={"kill_after": k})
     first = python_subprocess(args, d / "first.log")
     try:
@@ -349,7 +367,7 @@ def stream_driver_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
         trial.passed = False
         kill_group(first)
         return trial
-    return _check(trial, lab.kafka.bootstrap_servers, topic, [str(i) for i in range(files * per_file)])
+    return _check(lab, trial, lab.kafka.bootstrap_servers, topic, [str(i) for i in range(files * per_file)])
 
 
 # ---- 7. WAL bound ----------------------------------------------------------------------------------------
@@ -379,10 +397,11 @@ def wal_bound(lab: Lab, rng: random.Random, n: int) -> Trial:
         **{"wal.maxBytes": str(bound), "kafka.delivery.timeout.ms": "8000"})
     if summary is not None:
         trial.notes["outcome"] = "the write finished before the WAL filled"
-        return _check(trial, lab.kafka.bootstrap_servers, topic, ids)
+        return _check(lab, trial, lab.kafka.bootstrap_servers, topic, ids)
     error = trial.errors[-1] if trial.errors else ""
     trial.notes["refused_by_bound"] = f"wal.maxBytes={bound}" in error
-    if "wal.maxBytes" not in error and "did not acknowledge" not in error:
+    if "wal.maxBytes" not in error and "did not acknowledge" not in error and \
+            not (lab.exactly_once and "init_transactions" in error):
         trial.passed = False
     return _rerun_and_count(lab, trial, d, topic, df, ids, _wal_ids(d / "wal", acked=False))
 
@@ -586,10 +605,10 @@ def _stream_files(d: Path, files: int, per_file: int) -> Path:
     return source
 
 
-def _stream_args(source: Path, d: Path, bootstrap: str, topic: str) -> list[str]:
+def _stream_args(lab: Lab, source: Path, d: Path, bootstrap: str, topic: str) -> list[str]:
     return ["-m", "testing.stream_job", "--source", "files", "--input", str(source), "--max-per-trigger", "1",
             "--bootstrap", bootstrap, "--topic", topic, "--checkpoint", str(d / "checkpoint"),
-            "--wal", str(d / "wal"), "--summary", str(d / "summary.jsonl")]
+            "--wal", str(d / "wal"), "--summary", str(d / "summary.jsonl"), *lab.job_args()]
 
 
 def _commits(summary: Path) -> list[int]:
@@ -635,13 +654,13 @@ def stream_driver_kill_random(lab: Lab, rng: random.Random, n: int) -> Trial:
     source = _stream_files(d, files, per_file)
     trial = Trial(notes={})
     try:
-        _kill_stream_at_random(lab, rng, d, _stream_args(source, d, lab.kafka.bootstrap_servers, topic), topic,
+        _kill_stream_at_random(lab, rng, d, _stream_args(lab, source, d, lab.kafka.bootstrap_servers, topic), topic,
                                files * per_file, 2, trial.notes)
     except Exception as exc:  # noqa: BLE001
         trial.errors.append(str(exc)[-600:])
         trial.passed = False
         return trial
-    return _check(trial, lab.kafka.bootstrap_servers, topic, [str(i) for i in range(files * per_file)])
+    return _check(lab, trial, lab.kafka.bootstrap_servers, topic, [str(i) for i in range(files * per_file)])
 
 
 # ---- 13. A restarted query that writes to another topic --------------------------------------------------
@@ -658,7 +677,7 @@ def stream_restart_to_another_topic(lab: Lab, rng: random.Random, n: int) -> Tri
     bs = lab.kafka.bootstrap_servers
     trial = Trial(notes={})
     try:
-        first = python_subprocess(_stream_args(source, d, bs, topic_a), d / "run-a.log")
+        first = python_subprocess(_stream_args(lab, source, d, bs, topic_a), d / "run-a.log")
         target = rng.uniform(0.15, 0.75) * files * per_file
         try:
             wait_until(lambda: _landed(bs, topic_a) >= target or first.poll() is not None, 300,
@@ -666,7 +685,7 @@ def stream_restart_to_another_topic(lab: Lab, rng: random.Random, n: int) -> Tri
         finally:
             kill_group(first)
         committed_before = set(_commits(d / "summary.jsonl"))
-        second = python_subprocess(_stream_args(source, d, bs, topic_b), d / "run-b.log")
+        second = python_subprocess(_stream_args(lab, source, d, bs, topic_b), d / "run-b.log")
         if second.wait(600) != 0:
             raise RuntimeError((d / "run-b.log").read_text()[-2000:])
     except Exception as exc:  # noqa: BLE001
@@ -700,7 +719,7 @@ def shuffle_executor_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
     job = python_subprocess(
         ["-m", "testing.chaos.jobs", "--master", "local-cluster[2,1,1024]", "--rows", str(rows), "--prefix", prefix,
          "--shuffle", "8", "--bootstrap", lab.kafka.bootstrap_servers, "--topic", topic, "--wal", str(d / "wal"),
-         "--summary", str(d / "summary.jsonl")], d / "job.log")
+         "--summary", str(d / "summary.jsonl"), *lab.job_args()], d / "job.log")
     target = rng.uniform(0.1, 0.6) * rows
     trial = Trial(notes={"at_records": int(target)})
     try:
@@ -729,11 +748,18 @@ def shuffle_executor_kill(lab: Lab, rng: random.Random, n: int) -> Trial:
         trial.passed = False
         kill_group(job)
         return trial
-    _check(trial, lab.kafka.bootstrap_servers, topic, [f"{prefix}-{i}" for i in range(rows)])
+    _check(lab, trial, lab.kafka.bootstrap_servers, topic, [f"{prefix}-{i}" for i in range(rows)])
     if "killed_executor_pid" not in trial.notes:
         trial.notes["outcome"] = "the write finished before the kill"
     trial.passed = trial.lost == 0 and not trial.errors
     return trial
+
+
+def executor_kill_wal_lost(lab: Lab, rng: random.Random, n: int) -> Trial:
+    return executor_jvm_kill(lab, rng, n, wipe_wal=True)
+
+
+ALO, EO = "at_least_once", "exactly_once"
 
 
 @dataclass(frozen=True)
@@ -742,6 +768,8 @@ class Scenario:
     title: str
     run: Callable[[Lab, random.Random, int], Trial]
     strict: bool  # lost and duplicated must both be 0 (every scenario requires lost == 0)
+    # delivery.guarantee values it runs under; under exactly_once every scenario is strict (read_committed)
+    modes: tuple[str, ...] = (ALO, EO)
 
 
 # Non-strict scenarios allow repeats only where the sink cannot know the outcome (records acknowledged after
@@ -756,14 +784,18 @@ SCENARIOS: list[Scenario] = [
              False),
     Scenario("6", "6. Streaming driver SIGKILL at a checkpoint, restart from checkpoint", stream_driver_kill, True),
     Scenario("7", "7. wal.maxBytes reached (broker killed at random), then re-run", wal_bound, False),
-    Scenario("8", "8. WAL corruption: flipped byte, truncated file", wal_corruption, False),
-    Scenario("9", "9. Disk full under wal.path (1 MiB tmpfs)", disk_full, False),
-    Scenario("10", "10. Bad inputs", bad_inputs, False),
-    Scenario("11", "11. Security: WAL modes, secrets never logged", security, False),
+    # 8-11 are about the WAL and the inputs, the same in both modes.
+    Scenario("8", "8. WAL corruption: flipped byte, truncated file", wal_corruption, False, (ALO,)),
+    Scenario("9", "9. Disk full under wal.path (1 MiB tmpfs)", disk_full, False, (ALO,)),
+    Scenario("10", "10. Bad inputs", bad_inputs, False, (ALO,)),
+    Scenario("11", "11. Security: WAL modes, secrets never logged", security, False, (ALO,)),
     Scenario("12", "12. Streaming driver SIGKILL at random moments (one after a batch's commit())",
              stream_driver_kill_random, True),
     Scenario("13", "13. Streaming query killed at random, restarted towards another topic",
              stream_restart_to_another_topic, True),
     Scenario("14", "14. Shuffle before the sink, executor JVM SIGKILL at random (local-cluster)",
              shuffle_executor_kill, False),
+    # At-least-once repeats what the lost WAL had seen acknowledged (its documented limit): exactly_once only.
+    Scenario("15", "15. Executor JVM SIGKILL and its WAL directory deleted (retry as on another host)",
+             executor_kill_wal_lost, True, (EO,)),
 ]

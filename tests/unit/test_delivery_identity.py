@@ -159,6 +159,14 @@ def test_replay_refuses_a_partition_never_fully_logged(wal_dir):
         replay_partition(wal, wal.attempts("w/"), KAFKA, producer=FakeProducer())
 
 
+def test_replay_refuses_an_exactly_once_write_whose_acks_may_belong_to_an_aborted_transaction(wal_dir):
+    wal = open_wal(wal_dir)
+    key = wal.begin_attempt("w", 0, 0, {"guarantee": "exactly_once"})
+    wal.set_state(key, LOGGED, {})
+    with pytest.raises(NotFullyLogged, match="exactly_once.*wal.writeId"):
+        replay_partition(wal, wal.attempts("w/"), KAFKA, producer=FakeProducer())
+
+
 @pytest.mark.parametrize("column", ["partition", "timestamp", "headers"])
 def test_digest_covers_every_part_of_a_record(column):
     values = {"partition": pa.array([1, 2], pa.int32()), "timestamp": pa.array([5, 6], pa.int64()),

@@ -81,3 +81,37 @@ def test_secrets_never_appear_in_repr_or_scrubbed_text():
     assert "kp-99" not in repr(opts)
     assert opts.redacted_producer_config()["sasl.password"] == "***"
     assert opts.scrub("auth failed for hunter2-secret") == "auth failed for ***"
+
+
+def test_at_least_once_is_the_default_guarantee():
+    options = parse_options(BASE)
+    assert options.guarantee == "at_least_once" and not options.exactly_once
+    assert "transaction.timeout.ms" not in options.producer_config()
+
+
+def test_exactly_once_gets_a_transaction_timeout_and_a_prefix():
+    options = parse_options({**BASE, "delivery.guarantee": "EXACTLY_ONCE", "transactional.id.prefix": "team-a."})
+    assert options.exactly_once
+    assert options.producer_config()["transaction.timeout.ms"] == "900000"
+    from recoverable_sink.transactions import transactional_id
+    assert transactional_id(options, "w", 7) == "team-a.w-7"
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"delivery.guarantee": "at_most_once"}, "delivery.guarantee"),
+    ({"transactional.id.prefix": "a b"}, "transactional.id.prefix"),
+    ({"kafka.transaction.timeout.ms": "60000"}, "exactly_once"),
+    ({"kafka.transactional.id": "mine"}, "delivery.guarantee=exactly_once"),
+])
+def test_transaction_options_are_checked_with_the_option_named(extra, named):
+    with pytest.raises(OptionError, match=named):
+        parse_options({**BASE, **extra})
+
+
+def test_admin_and_consumer_clients_get_connection_settings_only():
+    from recoverable_sink.options import client_config
+    options = parse_options({**BASE, "kafka.security.protocol": "SASL_SSL", "kafka.sasl.username": "u",
+                             "kafka.linger.ms": "5"})
+    conf = client_config(options)
+    assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.username"] == "u"
+    assert "linger.ms" not in conf and "acks" not in conf and "partitioner" not in conf

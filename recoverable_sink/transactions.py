@@ -1,0 +1,213 @@
+"""``delivery.guarantee=exactly_once`` (executor): one Kafka transaction per (write, Spark partition), with a
+commit marker inside it.
+
+Every attempt of a partition, on any host, uses the same ``transactional.id`` (``<prefix><write id>-<partition>``),
+so ``init_transactions()`` fences an earlier attempt's producer (a zombie or a speculative twin), aborts its open
+transaction, or waits until a commit already under way has completed. The transaction carries the data and a
+**commit marker**: an offset committed for a consumer group of the same name with
+``send_offsets_to_transaction`` (the group never consumes; Apache Beam's exactly-once Kafka sink keeps its
+progress the same way). Data and marker become visible together or not at all, so after ``init_transactions()``
+a retry reads the marker (``require_stable``: pending transactional offsets are waited for) and knows whether
+the partition is already in Kafka, whatever host or input order it runs with.
+
+The marker lives in Kafka, not in the WAL: a retry on another host, with no local log, still finds it. The
+driver deletes the markers once Spark has committed the write (see ``batch`` and ``stream``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from recoverable_sink._logging import get_logger
+from recoverable_sink.errors import DeliveryError
+from recoverable_sink.options import SinkOptions, client_config
+
+log = get_logger("transactions")
+
+
+def _init_timeout_s(options: SinkOptions) -> float:
+    """How long init_transactions may wait (for the coordinator, or an earlier attempt's commit or abort to
+    complete): the delivery timeout, within 10 s .. 2 min, so brokers that are down fail a task as soon as
+    its records would."""
+    conf = options.producer_config()
+    ms = int(conf.get("delivery.timeout.ms") or conf.get("message.timeout.ms") or 300_000)
+    return min(120.0, max(10.0, ms / 1000))
+
+
+def transactional_id(options: SinkOptions, write_id: str, partition: int) -> str:
+    """The transactional id of one (write, partition), also the name of its marker's consumer group.
+
+    >>> from recoverable_sink.options import parse_options
+    >>> o = parse_options({"kafka.bootstrap.servers": "b:9092", "delivery.guarantee": "exactly_once"})
+    >>> transactional_id(o, "w1", 3)
+    'recoverable-kafka-w1-3'
+    """
+    return f"{options.transactional_id_prefix}{write_id}-{partition}"
+
+
+def marker_groups(options: SinkOptions, write_id: str, partitions: list[int]) -> list[str]:
+    return [transactional_id(options, write_id, p) for p in partitions]
+
+
+def describe(err: KafkaError, what: str, txn_id: str) -> str:
+    """An actionable sentence for a transaction error."""
+    code = err.code()
+    if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+        hint = (f"grant WRITE on TransactionalId {txn_id} (a PREFIXED ACL on transactional.id.prefix covers every "
+                "write)")
+    elif code == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        hint = (f"grant READ on the consumer group {txn_id} (PREFIXED on transactional.id.prefix): it holds the "
+                "commit marker")
+    elif code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+        hint = "lower kafka.transaction.timeout.ms to at most the brokers' transaction.max.timeout.ms"
+    elif code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
+        hint = ("another attempt of the same partition took over (a speculative or retried task); this attempt "
+                "stops and leaves the partition to it")
+    elif code in (KafkaError._TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE):
+        hint = ("the transaction coordinator did not answer: check the brokers run transactions "
+                "(transaction.state.log.replication.factor and .min.isr no larger than the brokers you have)")
+    else:
+        hint = "see the Kafka error"
+    return f"{what} for transactional.id {txn_id} failed: {err.name()}: {err.str()}; {hint}"
+
+
+class PartitionTransaction:
+    """The transactional producer of one (write, partition) attempt.
+
+    ``open()`` fences every earlier attempt and answers whether the partition is already committed; if not,
+    a transaction is open and ``producer`` sends into it; ``commit(records)`` adds the marker and commits;
+    ``abort()`` gives up (the records stay in the WAL; a re-run sends them under the same id)."""
+
+    def __init__(self, options: SinkOptions, write_id: str, partition: int, where: str,
+                 scrub: Callable[[str], str]) -> None:
+        self.options = options
+        self.write_id = write_id
+        self.partition = partition
+        self.where = where
+        self.scrub = scrub
+        self.txn_id = transactional_id(options, write_id, partition)
+        self.producer: Producer | None = None
+        self.in_transaction = False
+
+    def _fail(self, exc: KafkaException, what: str) -> DeliveryError:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        text = describe(err, what, self.txn_id) if err is not None else f"{what} failed: {exc}"
+        return DeliveryError(f"{self.where}: {self.scrub(text)}")
+
+    def open(self, topic: str | None) -> bool:
+        """Fence earlier attempts; True if the partition's transaction was already committed (send nothing).
+
+        With a ``topic`` option, a marker counts only for that topic: a streaming query restarted from its
+        checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once."""
+        conf = {**self.options.producer_config(), "transactional.id": self.txn_id}
+        try:
+            self.producer = Producer(conf)
+            self.producer.init_transactions(_init_timeout_s(self.options))
+        except KafkaException as exc:
+            raise self._fail(exc, "init_transactions") from None
+        marker = self.read_marker()
+        if marker is not None and topic is not None and marker.get("topic", topic) != topic:
+            log.info("%s: committed earlier to topic %s, now writing to %s: sending again", self.where,
+                     marker.get("topic"), topic)
+            marker = None
+        if marker is not None:
+            log.info("%s: already committed in Kafka by an earlier attempt (%s); sending nothing", self.where,
+                     marker)
+            return True
+        try:
+            self.producer.begin_transaction()
+        except KafkaException as exc:
+            raise self._fail(exc, "begin_transaction") from None
+        self.in_transaction = True
+        return False
+
+    def read_marker(self) -> dict | None:
+        """The marker committed with this partition's transaction, if any."""
+        admin = AdminClient(client_config(self.options))
+        request = ConsumerGroupTopicPartitions(self.txn_id)
+        deadline = time.monotonic() + _init_timeout_s(self.options)
+        while True:
+            try:
+                result = admin.list_consumer_group_offsets([request], require_stable=True,
+                                                           request_timeout=30)[self.txn_id].result()
+                break
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                    return None
+                if err.retriable() and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                raise self._fail(exc, "reading the commit marker") from None
+        for tp in result.topic_partitions or []:
+            if tp.offset >= 0:
+                try:
+                    return json.loads(tp.metadata or "{}")
+                except ValueError:
+                    return {"offset": tp.offset}
+        return None
+
+    def commit(self, marker_topic: str, records: int, timeout_s: float) -> None:
+        """Commit the data with the marker (one transaction); the producer has delivered every record."""
+        assert self.producer is not None
+        metadata = json.dumps({"write_id": self.write_id, "partition": self.partition, "topic": marker_topic,
+                               "records": records,
+                               "committed_at": round(time.time(), 3)})
+        consumer = Consumer({**client_config(self.options), "group.id": self.txn_id,
+                             "enable.auto.commit": "false"})
+        try:
+            group = consumer.consumer_group_metadata()
+            marker = TopicPartition(marker_topic, 0, records, metadata)
+            self.producer.send_offsets_to_transaction([marker], group, 60)
+            self.producer.commit_transaction(timeout_s)
+            self.in_transaction = False
+        except KafkaException as exc:
+            raise self._fail(exc, "committing the transaction") from None
+        finally:
+            consumer.close()
+
+    def abort(self) -> None:
+        """Best effort: abort the open transaction (a later init_transactions would abort it anyway)."""
+        if self.producer is None:
+            return
+        try:
+            if self.in_transaction:
+                self.producer.purge()
+                self.producer.abort_transaction(10)
+        except KafkaException as exc:
+            log.info("%s: abort_transaction: %s (the next attempt's init_transactions aborts it)", self.where,
+                     self.scrub(str(exc)))
+        finally:
+            self.in_transaction = False
+            self.close()
+
+    def close(self) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.flush(0)
+            except (KafkaException, RuntimeError):
+                pass
+            self.producer = None
+
+
+def delete_markers(options: SinkOptions, groups: list[str]) -> int:
+    """Delete commit markers (driver, after Spark committed the write); returns how many were deleted. A
+    marker that cannot be deleted expires with the brokers' offsets.retention.minutes (7 days by default)."""
+    if not groups:
+        return 0
+    admin = AdminClient(client_config(options))
+    deleted = 0
+    for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
+        try:
+            future.result()
+            deleted += 1
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
+                log.warning("could not delete commit marker group %s: %s (it expires with the brokers' "
+                            "offsets.retention.minutes)", group, options.scrub(str(exc)))
+    return deleted
