@@ -8,7 +8,7 @@ import re
 from confluent_kafka import KafkaException, Producer
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.errors import OptionError
+from recoverable_sink.errors import OptionError, transaction_problem
 from recoverable_sink.options import SinkOptions
 
 log = get_logger("preflight")
@@ -78,7 +78,6 @@ def check_transactions(options: SinkOptions) -> None:
     from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
     from recoverable_sink.options import client_config
-    from recoverable_sink.transactions import describe
 
     timeout_s = options.preflight_timeout_s
     asked_ms = int(options.producer_config()["transaction.timeout.ms"])
@@ -106,7 +105,7 @@ def check_transactions(options: SinkOptions) -> None:
         producer = Producer({**options.producer_config(), "transactional.id": probe})
         producer.init_transactions(timeout_s)
     except KafkaException as exc:
-        problem = describe(exc.args[0], "init_transactions", probe)
+        problem = transaction_problem(exc.args[0], "init_transactions", probe)
         raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
     finally:
         if producer is not None:
@@ -116,5 +115,5 @@ def check_transactions(options: SinkOptions) -> None:
                                           request_timeout=timeout_s)[probe].result()
     except KafkaException as exc:
         if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
-            problem = describe(exc.args[0], "reading the commit marker group", probe)
+            problem = transaction_problem(exc.args[0], "reading the commit marker group", probe)
             raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None

@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, 
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.errors import DeliveryError
+from recoverable_sink.errors import DeliveryError, transaction_problem
 from recoverable_sink.options import SinkOptions, client_config
 
 log = get_logger("transactions")
@@ -54,28 +54,6 @@ def marker_groups(options: SinkOptions, write_id: str, partitions: list[int]) ->
     return [transactional_id(options, write_id, p) for p in partitions]
 
 
-def describe(err: KafkaError, what: str, txn_id: str) -> str:
-    """An actionable sentence for a transaction error."""
-    code = err.code()
-    if code == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
-        hint = (f"grant WRITE on TransactionalId {txn_id} (a PREFIXED ACL on transactional.id.prefix covers every "
-                "write)")
-    elif code == KafkaError.GROUP_AUTHORIZATION_FAILED:
-        hint = (f"grant READ on the consumer group {txn_id} (PREFIXED on transactional.id.prefix): it holds the "
-                "commit marker")
-    elif code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-        hint = "lower kafka.transaction.timeout.ms to at most the brokers' transaction.max.timeout.ms"
-    elif code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH):
-        hint = ("another attempt of the same partition took over (a speculative or retried task); this attempt "
-                "stops and leaves the partition to it")
-    elif code in (KafkaError._TIMED_OUT, KafkaError.COORDINATOR_NOT_AVAILABLE):
-        hint = ("the transaction coordinator did not answer: check the brokers run transactions "
-                "(transaction.state.log.replication.factor and .min.isr no larger than the brokers you have)")
-    else:
-        hint = "see the Kafka error"
-    return f"{what} for transactional.id {txn_id} failed: {err.name()}: {err.str()}; {hint}"
-
-
 class PartitionTransaction:
     """The transactional producer of one (write, partition) attempt.
 
@@ -96,7 +74,7 @@ class PartitionTransaction:
 
     def _fail(self, exc: KafkaException, what: str) -> DeliveryError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-        text = describe(err, what, self.txn_id) if err is not None else f"{what} failed: {exc}"
+        text = transaction_problem(err, what, self.txn_id) if err is not None else f"{what} failed: {exc}"
         return DeliveryError(f"{self.where}: {self.scrub(text)}")
 
     def open(self, topic: str | None) -> bool:
