@@ -200,8 +200,16 @@ class PartitionWriter:
     def _produce(self, pending: _Pending) -> None:
         if pending.stored is not None:
             self.message.wal_bytes += pending.stored.result()
-        self.message.published += produce(self.producer, to_records(pending.batch), self.plan.topic_option,
-                                          pending.first, None, self.tracker, self.options.scrub)
+        try:
+            self.message.published += produce(self.producer, to_records(pending.batch), self.plan.topic_option,
+                                              pending.first, None, self.tracker, self.options.scrub)
+        except (DeliveryError, RecordError) as exc:
+            hint = ""
+            if self.txn is not None and "_FATAL" in str(exc):
+                hint = ("; under exactly_once this most often means another attempt of this partition (a retry or "
+                        "a speculative copy) fenced this one: its transaction is aborted and the other attempt's "
+                        "data is the one that counts")
+            raise type(exc)(f"{self.where}: {exc}{hint}") from None
         end = pending.first + pending.batch.num_rows
         if self.faults is not None:
             self.faults.after_batch(self.ident.write_id, self.ident.partition, self.ident.attempt,

@@ -3,12 +3,19 @@ commit markers' life, and the driver-side refusals. The faults are in test_chaos
 
 import json
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
 
 from recoverable_sink import RecoverableKafkaDataSource
+from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.errors import DeliveryError
+from recoverable_sink.options import parse_options
+from recoverable_sink.preflight import check_cluster
+from recoverable_sink.records import SchemaPlan
+from recoverable_sink.task import PartitionWriter
 from testing.chaos.checker import ids_in_topic
 from testing.spark import sink_writer
 
@@ -70,3 +77,46 @@ def test_transaction_timeout_above_the_brokers_maximum_fails_on_the_driver(spark
         sink_writer(_ids(spark, 10, 1), kafka.bootstrap_servers, topic, tmp_path / "wal",
                     **{**EO, "kafka.transaction.timeout.ms": "3600000"}).save()
     assert ids_in_topic(kafka.bootstrap_servers, topic) == {}
+
+
+def test_a_zombie_attempt_is_fenced_by_a_copy_on_another_host_and_nothing_repeats(kafka, new_topic, tmp_path):
+    """Speculative copies and zombies, at the task level (Spark never places a speculative copy on the host of
+    the attempt it doubles, so one machine cannot make Spark do it): attempt 0 is mid-transaction when attempt
+    1 starts on another host (another WAL), sends the whole partition and commits; attempt 0 must then fail,
+    and an attempt starting later must send nothing."""
+    topic = new_topic(2)
+    plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
+
+    def host(name):
+        return parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
+                              "transactional.id.prefix": "zombie-", "wal.path": str(tmp_path / name)})
+
+    cluster_id = check_cluster(host("a"))
+    data = [pa.RecordBatch.from_pydict({"key": [b"%05d" % i for i in range(s, s + 500)],
+                                        "value": [b"v"] * 500}) for s in range(0, 3000, 500)]
+    zombie = PartitionWriter(host("a"), plan, TaskIdentity("wz", 0, 0), cluster_id)
+    for batch in data[:3]:
+        zombie.write(batch)  # two batches handed to the producer inside its transaction, one logged
+
+    copy = PartitionWriter(host("b"), plan, TaskIdentity("wz", 0, 1), cluster_id)  # fences the zombie
+    for batch in data:
+        copy.write(batch)
+    assert copy.commit().acknowledged == 3000
+
+    with pytest.raises(DeliveryError, match="partition 0 \\(attempt 0\\) of write wz: .*fenced this one"):
+        try:
+            for batch in data[3:]:
+                zombie.write(batch)
+            zombie.commit()
+        except BaseException:
+            zombie.abort()
+            raise
+
+    late = PartitionWriter(host("c"), plan, TaskIdentity("wz", 0, 2), cluster_id)
+    for batch in data:
+        late.write(batch)
+    message = late.commit()
+    assert (message.committed_before, message.published, message.skipped) == (True, 0, 3000)
+
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=3000)
+    assert (len(found), sum(found.values())) == (3000, 3000)
