@@ -107,7 +107,7 @@ class PartitionWriter:
         self.txn: PartitionTransaction | None = None
         self.committed_before = False
         if options.exactly_once:
-            self.txn = PartitionTransaction(options, ident.write_id, ident.partition, self.where, options.scrub)
+            self.txn = PartitionTransaction(options, ident.write_id, ident.partition, self.where)
             self.committed_before = self.txn.open(plan.topic_option)
             assert self.txn.producer is not None
             self.producer = self.txn.producer
@@ -272,9 +272,9 @@ class PartitionWriter:
             # init_transactions (it completes a commit under way, or aborts) and its marker read.
             if self.marker_topic is not None and tracker.produced:
                 self.txn.commit(self.marker_topic, tracker.acked, _final_wait_s(self.options))
+                self.txn.close()
             else:
                 self.txn.abort()  # nothing was sent: no transaction, no marker
-            self.txn.close()
             if self.wal is not None and self.attempt_key is not None:
                 self.wal.purge([self.attempt_key, *(p.key for p in self.priors)])
         elif self.wal is not None and self.attempt_key is not None:

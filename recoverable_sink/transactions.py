@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
+from recoverable_sink.delivery import delivery_timeout_s
 from recoverable_sink.errors import DeliveryError, transaction_problem
 from recoverable_sink.options import SinkOptions, client_config
 
@@ -34,9 +34,7 @@ def _init_timeout_s(options: SinkOptions) -> float:
     """How long init_transactions may wait (for the coordinator, or an earlier attempt's commit or abort to
     complete): the delivery timeout, within 10 s .. 2 min, so brokers that are down fail a task as soon as
     its records would."""
-    conf = options.producer_config()
-    ms = int(conf.get("delivery.timeout.ms") or conf.get("message.timeout.ms") or 300_000)
-    return min(120.0, max(10.0, ms / 1000))
+    return min(120.0, max(10.0, delivery_timeout_s(options)))
 
 
 def transactional_id(options: SinkOptions, write_id: str, partition: int) -> str:
@@ -61,13 +59,11 @@ class PartitionTransaction:
     a transaction is open and ``producer`` sends into it; ``commit(records)`` adds the marker and commits;
     ``abort()`` gives up (the records stay in the WAL; a re-run sends them under the same id)."""
 
-    def __init__(self, options: SinkOptions, write_id: str, partition: int, where: str,
-                 scrub: Callable[[str], str]) -> None:
+    def __init__(self, options: SinkOptions, write_id: str, partition: int, where: str) -> None:
         self.options = options
         self.write_id = write_id
         self.partition = partition
         self.where = where
-        self.scrub = scrub
         self.txn_id = transactional_id(options, write_id, partition)
         self.producer: Producer | None = None
         self.in_transaction = False
@@ -75,7 +71,7 @@ class PartitionTransaction:
     def _fail(self, exc: KafkaException, what: str) -> DeliveryError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         text = transaction_problem(err, what, self.txn_id) if err is not None else f"{what} failed: {exc}"
-        return DeliveryError(f"{self.where}: {self.scrub(text)}")
+        return DeliveryError(f"{self.where}: {self.options.scrub(text)}")
 
     def open(self, topic: str | None) -> bool:
         """Fence earlier attempts; True if the partition's transaction was already committed (send nothing).
@@ -134,8 +130,7 @@ class PartitionTransaction:
         """Commit the data with the marker (one transaction); the producer has delivered every record."""
         assert self.producer is not None
         metadata = json.dumps({"write_id": self.write_id, "partition": self.partition, "topic": marker_topic,
-                               "records": records,
-                               "committed_at": round(time.time(), 3)})
+                               "records": records, "committed_at": round(time.time(), 3)})
         consumer = Consumer({**client_config(self.options), "group.id": self.txn_id,
                              "enable.auto.commit": "false"})
         try:
@@ -159,7 +154,7 @@ class PartitionTransaction:
                 self.producer.abort_transaction(10)
         except KafkaException as exc:
             log.info("%s: abort_transaction: %s (the next attempt's init_transactions aborts it)", self.where,
-                     self.scrub(str(exc)))
+                     self.options.scrub(str(exc)))
         finally:
             self.in_transaction = False
             self.close()
