@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-CASE_ORDER = ("spark_kafka", "wal_on", "wal_off", "raw_client")
+CASE_ORDER = ("spark_kafka", "wal_on", "wal_off", "exactly_once", "raw_client")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -22,11 +22,14 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {e['value_bytes']} B | {e['topic_partitions']} | {e['case']} | "
                      f"{_fmt(e['median_seconds'], '.2f')} | {_fmt(e['rows_per_second'], ',.0f')} | {runs} |")
     lines += ["", "| value | topic partitions | wal_on / spark_kafka | wal_on / wal_off | wal_on / raw_client | "
-              "per core (wal_on/2 vs raw/1) |", "|---:|---:|---:|---:|---:|---:|"]
+              "per core (wal_on/2 vs raw/1) | exactly_once / spark_kafka | exactly_once / wal_on |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["ratios"]:
         lines.append(f"| {r['value_bytes']} B | {r['topic_partitions']} | {_fmt(r['wal_on_vs_spark_kafka'], '.2f')} | "
                      f"{_fmt(r['wal_on_vs_wal_off'], '.2f')} | {_fmt(r['wal_on_vs_raw_client'], '.2f')} | "
-                     f"{_fmt(r['wal_on_vs_raw_client_per_core'], '.2f')} |")
+                     f"{_fmt(r['wal_on_vs_raw_client_per_core'], '.2f')} | "
+                     f"{_fmt(r.get('exactly_once_vs_spark_kafka'), '.2f')} | "
+                     f"{_fmt(r.get('exactly_once_vs_wal_on'), '.2f')} |")
     lines.append("")
     for r in report["worker_peak_rss"]:
         lines.append(f"- Python worker peak RSS during wal_on, {r['value_bytes']} B values: "

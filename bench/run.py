@@ -5,6 +5,7 @@ One local broker, one SparkSession (``local[2,4]``), the same cached DataFrame f
 * ``spark_kafka``  Spark's own ``format("kafka")`` (JVM producer, acks=all, idempotent)
 * ``wal_on``       ``format("recoverable_kafka")`` with its LMDB write-ahead log
 * ``wal_off``      the same with ``wal.enabled=false`` (what the WAL itself costs)
+* ``exactly_once`` ``wal_on`` with ``delivery.guarantee=exactly_once`` (one transaction per Spark partition)
 * ``raw_client``   one confluent-kafka producer in this process, no Spark (the Python client's ceiling)
 
 per value size (100 B, 1 KB) and topic layout (1 and 4 partitions), interleaved A B C D A B C D ... so that
@@ -37,7 +38,7 @@ from confluent_kafka.admin import AdminClient
 
 from bench.report import markdown, plot
 from bench.rss import WorkerRssSampler
-from testing.kafka_check import count_topic
+from testing.kafka_check import count_records, count_topic
 from testing.kafka_local import REPO, KafkaCluster
 from testing.spark import local_spark, sink_writer
 
@@ -54,7 +55,8 @@ LAYOUTS = (1, 4)
 DF_PARTITIONS = 4
 WARMUP_ROWS = min(ROWS, 40_000)
 DISTINCT_KEYS = 100_000
-CASES = ("spark_kafka", "wal_on", "wal_off", "raw_client")
+CASES = ("spark_kafka", "wal_on", "wal_off", "exactly_once", "raw_client")
+EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}
 # The sink's producer defaults (options.PRODUCER_DEFAULTS); linger and batch sizes stay librdkafka's.
 RAW_PRODUCER = {"acks": "all", "enable.idempotence": "true", "partitioner": "murmur2_random"}
 
@@ -106,7 +108,9 @@ class Bench:
                 started = time.perf_counter()
                 run.summary = write(topic)
                 run.seconds = time.perf_counter() - started
-            landed = count_topic(self.bootstrap, topic)
+            # A transactional write's topic also holds its commit markers: count what read_committed reads.
+            transactional = what.startswith("exactly_once")
+            landed = count_records(self.bootstrap, topic) if transactional else count_topic(self.bootstrap, topic)
             if landed != rows:
                 run.error = f"{what}: topic {topic} holds {landed} records, expected {rows}"
         except Exception as exc:  # record it, keep measuring the other cases
@@ -235,12 +239,14 @@ def bench_size(b: Bench, value_bytes: int, results: list[dict[str, Any]], ratios
     check_same_rows(df, records)
     print(f"  cache: {cache_info(b.spark)}", flush=True)
     writers = {"spark_kafka": b.spark_kafka(df), "wal_on": b.recoverable(df, wal=True),
-               "wal_off": b.recoverable(df, wal=False), "raw_client": b.raw_client(records)}
+               "wal_off": b.recoverable(df, wal=False), "exactly_once": b.recoverable(df, wal=True, **EXACTLY_ONCE),
+               "raw_client": b.raw_client(records)}
     # Untimed warm-up on a small slice: starts the Python workers, their producers and the JVM's Kafka
     # producer, and warms the JIT, so that the first timed repetition is not the only one paying for it.
     small = frame(b.spark, WARMUP_ROWS, value_bytes)
     warm = {"spark_kafka": b.spark_kafka(small), "wal_on": b.recoverable(small, wal=True),
-            "wal_off": b.recoverable(small, wal=False), "raw_client": b.raw_client(records[:WARMUP_ROWS])}
+            "wal_off": b.recoverable(small, wal=False), "exactly_once": b.recoverable(small, wal=True, **EXACTLY_ONCE),
+            "raw_client": b.raw_client(records[:WARMUP_ROWS])}
     for case in CASES:
         b.timed(f"{case} {value_bytes}B warm-up", 4, WARMUP_ROWS, warm[case])
     peak_by_layout: dict[int, float] = {}
@@ -260,6 +266,8 @@ def bench_size(b: Bench, value_bytes: int, results: list[dict[str, Any]], ratios
             "wal_on_vs_wal_off": ratio(rps["wal_on"], rps["wal_off"]),
             "wal_on_vs_raw_client": ratio(rps["wal_on"], rps["raw_client"]),
             "wal_on_vs_raw_client_per_core": ratio(rps["wal_on"] and rps["wal_on"] / CORES, rps["raw_client"]),
+            "exactly_once_vs_spark_kafka": ratio(rps["exactly_once"], rps["spark_kafka"]),
+            "exactly_once_vs_wal_on": ratio(rps["exactly_once"], rps["wal_on"]),
         })
         peak_by_layout[partitions] = max((r.peak_rss_mib or 0 for r in runs["wal_on"]), default=0)
         anon_by_layout[partitions] = max((r.peak_anon_mib or 0 for r in runs["wal_on"]), default=0)
