@@ -243,18 +243,11 @@ def _guarantee(value: str, conf: dict[str, str]) -> str:
     return guarantee
 
 
-def _prefix(value: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9._-]{0,100}", value):
-        raise OptionError(f"option transactional.id.prefix={value!r} may hold only letters, digits, '.', '_' and "
-                          "'-' (at most 100)")
-    return value
-
-
-def _write_id(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", value):
-        raise OptionError(f"option wal.writeId={value!r} may hold only letters, digits, '.', '_' and '-'")
+def _id_part(name: str, value: str, lengths: str) -> str:
+    """A value that becomes part of a Kafka or WAL identifier (``lengths``: a regex count such as ``1,200``)."""
+    if not re.fullmatch(rf"[A-Za-z0-9._-]{{{lengths}}}", value):
+        raise OptionError(f"option {name}={value!r} may hold only letters, digits, '.', '_' and '-' "
+                          f"({lengths.replace(',', ' to ')} of them)")
     return value
 
 
@@ -296,8 +289,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,
         summary_path=lowered.get("summary.path") or None,
-        write_id=_write_id(lowered.get("wal.writeid")),
+        write_id=None if "wal.writeid" not in lowered else _id_part("wal.writeId", lowered["wal.writeid"], "1,200"),
         guarantee=guarantee,
-        transactional_id_prefix=_prefix(lowered.get("transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX)),
+        transactional_id_prefix=_id_part("transactional.id.prefix", lowered.get(
+            "transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX), "0,100"),
         faults=parse_faults(lowered),
     )

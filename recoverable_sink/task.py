@@ -44,6 +44,8 @@ _FLUSH_MARGIN_S = 30.0  # past librdkafka's own delivery timeout, which reports 
 def _final_wait_s(options: SinkOptions) -> float:
     timeout = delivery_timeout_s(options)
     return timeout + min(_FLUSH_MARGIN_S, max(1.0, timeout))
+
+
 _CHECKPOINT_EVERY_S = 0.5  # acknowledgements reach the WAL at least this often, so a hard kill repeats little
 
 _wal_threads: list[ThreadPoolExecutor] = []
