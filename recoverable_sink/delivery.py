@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.errors import DeliveryError, RecordError
+from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import KafkaRecords
 
@@ -85,7 +86,7 @@ def _close(producer: Producer, flush_s: float, purge: bool = False) -> None:
         if purge:
             producer.purge()
         producer.flush(flush_s)
-    except (KafkaException, RuntimeError) as exc:
+    except (KafkaException, RuntimeError, SystemError) as exc:  # SystemError: see fatal_errors()
         log.debug("closing a producer: %s", exc)
 
 
@@ -149,6 +150,28 @@ class DeliveryTracker:
         return f"topic {topic} {where}: {err.name()} ({kind}): {err.str()}{more}"
 
 
+@contextmanager
+def fatal_errors() -> Iterator[None]:
+    """Turn a fatal producer error raised out of ``poll``/``flush`` into :class:`FatalProducerError`.
+
+    confluent-kafka raises it as a KafkaException, except when a delivery callback runs in the same call
+    after the error was set: Python then reports a SystemError caused by that KafkaException."""
+    try:
+        yield
+    except (KafkaException, SystemError) as exc:
+        cause = exc if isinstance(exc, KafkaException) else exc.__cause__
+        if not isinstance(cause, KafkaException):
+            raise
+        err = cause.args[0]
+        raise FatalProducerError(f"fatal producer error: {err.name()}: {err.str()}") from None
+
+
+def serve(producer: Producer) -> None:
+    """Serve delivery reports that are ready, without waiting."""
+    with fatal_errors():
+        producer.poll(0)
+
+
 def _refused(exc: KafkaException, position: int, topic: str | None, partition: int,
              scrub: Callable[[str], str]) -> Exception:
     err = exc.args[0]
@@ -156,6 +179,9 @@ def _refused(exc: KafkaException, position: int, topic: str | None, partition: i
     if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
                       KafkaError._INVALID_ARG):
         return RecordError(f"{where} was refused by the producer: {err.name()}: {scrub(err.str())}")
+    if err.fatal() or err.code() == KafkaError._FATAL:
+        return FatalProducerError(f"{where} could not be queued: fatal producer error: {err.name()}: "
+                                  f"{scrub(err.str())}")
     return DeliveryError(f"{where} could not be queued: {err.name()}: {scrub(err.str())}")
 
 
@@ -186,24 +212,25 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
         else [0] * n
     headers = records.headers if records.headers is not None else [None] * n
     sent = 0
-    try:
-        for i in range(n):
-            if skip is not None and skip[i]:
-                continue
-            while True:
-                try:
-                    send(topics[i], values[i], keys[i], partitions[i], partial(callback, seg_first, bitmap, i),
-                         None, timestamps[i], headers[i] or None)
-                    break
-                except BufferError:
-                    poll(0.05)  # local queue full: serve delivery reports, then try again
-                except KafkaException as exc:
-                    raise _refused(exc, seg_first + i, topics[i], partitions[i], scrub) from None
-            sent += 1
-    finally:
-        # Counted even when a record is refused midway: the failure path waits for these acknowledgements.
-        tracker.produced += sent
-    poll(0)
+    with fatal_errors():
+        try:
+            for i in range(n):
+                if skip is not None and skip[i]:
+                    continue
+                while True:
+                    try:
+                        send(topics[i], values[i], keys[i], partitions[i], partial(callback, seg_first, bitmap, i),
+                             None, timestamps[i], headers[i] or None)
+                        break
+                    except BufferError:
+                        poll(0.05)  # local queue full: serve delivery reports, then try again
+                    except KafkaException as exc:
+                        raise _refused(exc, seg_first + i, topics[i], partitions[i], scrub) from None
+                sent += 1
+        finally:
+            # Counted even when a record is refused midway: the failure path waits for these acknowledgements.
+            tracker.produced += sent
+        poll(0)
     return sent
 
 
@@ -215,4 +242,5 @@ def wait_for_acks(producer: Producer, tracker: DeliveryTracker, timeout_s: float
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        producer.flush(min(1.0, remaining))
+        with fatal_errors():
+            producer.flush(min(1.0, remaining))

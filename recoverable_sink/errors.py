@@ -38,6 +38,11 @@ class DeliveryError(RecoverableSinkError):
     """Kafka did not acknowledge every record; the unacknowledged ones stay in the WAL."""
 
 
+class FatalProducerError(DeliveryError):
+    """The producer cannot go on (idempotence or transaction state lost; under exactly_once most often: another
+    attempt of the partition fenced this one). The task fails; what was acknowledged is checkpointed."""
+
+
 def transaction_problem(err: KafkaError, what: str, txn_id: str) -> str:
     """An actionable sentence for a transaction error."""
     code = err.code()

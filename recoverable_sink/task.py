@@ -28,8 +28,8 @@ from confluent_kafka import Producer
 from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
-from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produce, producers, wait_for_acks
-from recoverable_sink.errors import DeliveryError, RecordError
+from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produce, producers, serve, wait_for_acks
+from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan, check_batch, normalise, to_records
@@ -206,12 +206,7 @@ class PartitionWriter:
             self.message.published += produce(self.producer, to_records(pending.batch), self.plan.topic_option,
                                               pending.first, None, self.tracker, self.options.scrub)
         except (DeliveryError, RecordError) as exc:
-            hint = ""
-            if self.txn is not None and "_FATAL" in str(exc):
-                hint = ("; under exactly_once this most often means another attempt of this partition (a retry or "
-                        "a speculative copy) fenced this one: its transaction is aborted and the other attempt's "
-                        "data is the one that counts")
-            raise type(exc)(f"{self.where}: {exc}{hint}") from None
+            raise self._located(exc) from None
         end = pending.first + pending.batch.num_rows
         if self.faults is not None:
             self.faults.after_batch(self.ident.write_id, self.ident.partition, self.ident.attempt,
@@ -220,9 +215,23 @@ class PartitionWriter:
         if time.monotonic() - self._last_checkpoint > _CHECKPOINT_EVERY_S:
             self._checkpoint(wait_s=0.0)
 
+    def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
+        hint = ""
+        if self.txn is not None and isinstance(exc, FatalProducerError):
+            hint = ("; under exactly_once this most often means another attempt of this partition (a retry or "
+                    "a speculative copy) fenced this one: its transaction is aborted and the other attempt's "
+                    "data is the one that counts")
+        return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}{hint}")
+
     def _take_dirty(self) -> dict[int, bytearray]:
         # Delivery callbacks run on this (the task's) thread, inside produce/poll/flush: no lock needed.
         return self.tracker.take_dirty()
+
+    def _save_acks(self) -> None:
+        if self.wal is not None and self.attempt_key is not None:
+            if self._last_store is not None:
+                wait([self._last_store])  # bitmaps of a segment only after the segment itself
+            self.wal.save_acks(self.attempt_key, self._take_dirty())
 
     def _checkpoint(self, wait_s: float) -> None:
         """Persist what Kafka acknowledged so far; with ``wait_s``, wait up to that long for the rest, persisting
@@ -230,15 +239,16 @@ class PartitionWriter:
         deadline = time.monotonic() + wait_s
         while True:
             remaining = deadline - time.monotonic()
-            if remaining > 0 and self.tracker.outstanding:
-                wait_for_acks(self.producer, self.tracker, min(remaining, _CHECKPOINT_EVERY_S))
-            else:
-                self.producer.poll(0)
+            try:
+                if remaining > 0 and self.tracker.outstanding:
+                    wait_for_acks(self.producer, self.tracker, min(remaining, _CHECKPOINT_EVERY_S))
+                else:
+                    serve(self.producer)
+            except FatalProducerError as exc:
+                self._save_acks()  # the acknowledgements served before the producer died still count
+                raise self._located(exc) from None
             self._last_checkpoint = time.monotonic()
-            if self.wal is not None and self.attempt_key is not None:
-                if self._last_store is not None:
-                    wait([self._last_store])  # bitmaps of a segment only after the segment itself
-                self.wal.save_acks(self.attempt_key, self._take_dirty())
+            self._save_acks()
             if not self.tracker.outstanding or time.monotonic() >= deadline:
                 return
 

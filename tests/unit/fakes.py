@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 
 @dataclass
@@ -35,11 +35,15 @@ class _Msg:
 @dataclass
 class FakeProducer:
     """Queues records; ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``.
-    ``fail`` makes every delivery fail with that error instead."""
+    ``fail`` makes every delivery fail with that error instead. After ``fatal_after`` acknowledgements the
+    producer turns fatal, the way confluent-kafka shows it: the first call raises a SystemError caused by the
+    fatal KafkaException (a delivery callback ran with the error set), later calls the KafkaException."""
 
     partitions: int = 4
     ack_budget: int | None = None
     fail: KafkaError | None = None
+    fatal_after: int | None = None
+    fatal: bool = False
     queue: list[tuple[Sent, Callable[..., Any]]] = field(default_factory=list)
     delivered: list[Sent] = field(default_factory=list)
 
@@ -49,8 +53,22 @@ class FakeProducer:
         assert on_delivery is not None
         self.queue.append((Sent(topic, value, key, partition, timestamp, headers), on_delivery))
 
+    def _fatal(self) -> None:
+        error = KafkaException(KafkaError(KafkaError._FENCED, "fenced by newer producer instance", fatal=True))
+        if self.fatal:
+            raise error
+        self.fatal = True
+        try:
+            raise error
+        except KafkaException as exc:
+            raise SystemError("on_delivery returned a result with an exception set") from exc
+
     def _serve(self) -> int:
+        if self.fatal:
+            self._fatal()
         while self.queue and (self.ack_budget is None or self.ack_budget > 0):
+            if self.fatal_after is not None and len(self.delivered) >= self.fatal_after:
+                self._fatal()
             sent, callback = self.queue.pop(0)
             if self.fail is not None:
                 callback(self.fail, _Msg(sent))

@@ -10,7 +10,7 @@ import pytest
 
 from recoverable_sink.cli import NotFullyLogged, replay_partition
 from recoverable_sink.contract import TaskIdentity
-from recoverable_sink.errors import DeliveryError, WalFullError
+from recoverable_sink.errors import DeliveryError, FatalProducerError, WalFullError
 from recoverable_sink.identity import record_digests
 from recoverable_sink.options import parse_options
 from recoverable_sink.records import SchemaPlan
@@ -108,6 +108,22 @@ def test_rerun_of_a_finished_write_sends_nothing(wal_dir):
     again = FakeProducer()
     message = finish(opts, again, rows(500)[::-1], attempt=0)
     assert (message.skipped, message.published, again.delivered) == (500, 0, [])
+
+
+def test_a_fatal_producer_error_mid_flush_fails_the_task_naming_it_and_a_retry_sends_only_the_rest(wal_dir):
+    opts = options(wal_dir)
+    first = FakeProducer(fatal_after=250)
+    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=first)
+    fatal = r"partition 0 \(attempt 0\) of write w: fatal producer error: _FENCED"
+    with pytest.raises(FatalProducerError, match=fatal):
+        for b in batches(rows(1000)):
+            writer.write(b)
+        writer.commit()
+    writer.abort()
+    second = FakeProducer()
+    finish(opts, second, rows(1000), attempt=1)
+    assert len(second.delivered) == 750
+    assert sorted(first.values() + second.values()) == rows(1000)
 
 
 def test_records_delivered_earlier_but_not_recomputed_are_reported_as_diverged(wal_dir):
