@@ -493,13 +493,19 @@ def open_wal(path: str) -> Wal:
         if env is not None:
             return Wal(path, env)
         try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            os.chmod(path, 0o700)
+            if not os.path.isdir(path):
+                os.makedirs(path, mode=0o700, exist_ok=True)  # only what the sink creates is made owner-only
+            shared = os.stat(path).st_mode & 0o002
         except OSError as exc:
             raise WalError(
                 f"wal.path={path} cannot be created or used by user {os.getuid()} on {socket.gethostname()}: "
                 f"{exc.strerror}; point wal.path at a writable executor-local directory"
             ) from None
+        if shared:
+            # Never chmod a directory the sink did not create (pointed at /tmp, that would strip its sticky,
+            # world-writable mode), and never keep a log where anyone may plant or swap files.
+            raise WalError(f"wal.path={path} is writable by every user; point wal.path at a directory of its own, "
+                           f"e.g. {os.path.join(path, 'recoverable_kafka_wal')} (the sink creates it owner-only)")
         if not os.access(path, os.W_OK | os.X_OK):
             raise WalError(f"wal.path={path} is not writable by user {os.getuid()} on {socket.gethostname()}; "
                            "point wal.path at a writable executor-local directory")

@@ -75,6 +75,20 @@ def test_directory_is_owner_only_and_files_are_0600(wal_dir):
         assert stat.S_IMODE(os.stat(os.path.join(wal_dir, name)).st_mode) == 0o600
 
 
+def test_an_existing_directory_keeps_its_mode_and_a_world_writable_one_is_refused(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir(mode=0o750)
+    os.chmod(own, 0o750)
+    open_wal(str(own))
+    assert stat.S_IMODE(os.stat(own).st_mode) == 0o750
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(WalError, match=r"writable by every user; point wal.path at a directory of its own"):
+        open_wal(str(shared))
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
+
+
 def test_unusable_wal_path_is_a_clear_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
