@@ -65,7 +65,16 @@ _REJECTED: dict[str, str] = {
 }
 
 _JAAS = re.compile(r'(\w+)\s*=\s*"((?:[^"\\]|\\.)*)"')
-_SENSITIVE = re.compile(r"password|secret|jaas|token|credential|\.pem$|ssl\.key\.", re.IGNORECASE)
+# The properties librdkafka itself flags _RK_SENSITIVE (src/rdkafka_conf.c, v2.15; no public API exposes the
+# flag), and a net for names it does not know (Java-only settings, future secrets) that look like secrets.
+_LIBRDKAFKA_SENSITIVE = frozenset({
+    "ssl.key.location", "ssl.key.password", "ssl.key.pem", "ssl.ca.pem", "ssl.keystore.password",
+    "sasl.username", "sasl.password", "sasl.oauthbearer.config", "sasl.oauthbearer.client.secret",
+    "sasl.oauthbearer.assertion.private.key.file", "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem",
+})
+_SENSITIVE_LOOKING = re.compile(r"password|secret|jaas|token|credential|passphrase|\.pem$|ssl\.key\.|"
+                                r"oauthbearer\.(config|extensions)", re.IGNORECASE)
 
 _SINK_OPTIONS = {
     "topic",
@@ -85,7 +94,7 @@ _IGNORED = {"checkpointlocation", "queryname", "path"}
 
 def is_sensitive(name: str) -> bool:
     """True for producer properties whose values are secrets (never logged or put in a message)."""
-    return bool(_SENSITIVE.search(name))
+    return name.lower() in _LIBRDKAFKA_SENSITIVE or bool(_SENSITIVE_LOOKING.search(name))
 
 
 @dataclass(frozen=True)

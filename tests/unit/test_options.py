@@ -83,6 +83,15 @@ def test_secrets_never_appear_in_repr_or_scrubbed_text():
     assert opts.scrub("auth failed for hunter2-secret") == "auth failed for ***"
 
 
+@pytest.mark.parametrize("name", ["sasl.oauthbearer.config", "sasl.oauthbearer.extensions", "ssl.ca.pem",
+                                  "sasl.oauthbearer.assertion.private.key.passphrase"])
+def test_every_property_librdkafka_calls_sensitive_is_redacted(name):
+    opts = parse_options({**BASE, f"kafka.{name}": "principal=Zx81-hidden"})
+    assert "Zx81-hidden" not in repr(opts)
+    assert opts.redacted_producer_config()[name] == "***"
+    assert opts.scrub("cannot parse principal=Zx81-hidden") == "cannot parse ***"
+
+
 def test_at_least_once_is_the_default_guarantee():
     options = parse_options(BASE)
     assert options.guarantee == "at_least_once" and not options.exactly_once
