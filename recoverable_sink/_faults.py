@@ -2,7 +2,8 @@
 
 Enabled only by the underscore-prefixed options ``_test.killAfterRecords`` (SIGKILL the Python worker of a
 first attempt once that many records are acknowledged and checkpointed) and ``_test.pauseAfterRecords`` with
-``_test.pauseFile`` (checkpoint, create the marker file once, then wait for the test to kill a process).
+``_test.pauseFile`` (checkpoint, create the marker file once, then wait for the test to kill a process; with
+``_test.pauseSeconds``, go on writing after that long if nobody did: a stalled task, for speculation).
 Faults at random moments need none of this: the chaos campaign kills processes from outside.
 """
 
@@ -27,6 +28,7 @@ class FaultPlan:
     kill_after_records: int | None = None
     pause_after_records: int | None = None
     pause_file: str | None = None
+    pause_seconds: int | None = None
 
     def after_batch(self, write_id: str, partition: int, attempt: int, position: int,
                     checkpoint: Callable[[], None]) -> None:
@@ -54,9 +56,12 @@ class FaultPlan:
             os.unlink(staging)
         log.warning("%s: _test.pauseAfterRecords reached at %d records; pausing for the test to kill a process",
                     where, position)
-        parent, deadline = os.getppid(), time.monotonic() + 300
+        parent, deadline = os.getppid(), time.monotonic() + (self.pause_seconds or 300)
         while os.getppid() == parent and time.monotonic() < deadline:
             time.sleep(0.1)
+        if self.pause_seconds is not None and os.getppid() == parent:
+            log.warning("%s: _test.pauseSeconds over; going on as a zombie would", where)
+            return
         # Whoever we paused for is gone (or never came): leave without touching the WAL again.
         os._exit(1)
 
@@ -73,12 +78,14 @@ def parse_faults(lowered: Mapping[str, str]) -> FaultPlan | None:
     """The fault plan of a write's (lower-cased) options, or None when it asks for none."""
     kill = _count("_test.killAfterRecords", lowered.get("_test.killafterrecords"))
     pause = _count("_test.pauseAfterRecords", lowered.get("_test.pauseafterrecords"))
+    pause_s = _count("_test.pauseSeconds", lowered.get("_test.pauseseconds"))
     unknown = sorted(set(k for k in lowered if k.startswith(FAULT_PREFIX))
-                     - {"_test.killafterrecords", "_test.pauseafterrecords", "_test.pausefile"})
+                     - {"_test.killafterrecords", "_test.pauseafterrecords", "_test.pausefile", "_test.pauseseconds"})
     if unknown:
         raise OptionError(f"unknown private test option(s) {', '.join(unknown)}")
     if pause is not None and not lowered.get("_test.pausefile"):
         raise OptionError("option _test.pauseAfterRecords needs _test.pauseFile (the marker the test waits for)")
     if kill is None and pause is None:
         return None
-    return FaultPlan(kill_after_records=kill, pause_after_records=pause, pause_file=lowered.get("_test.pausefile"))
+    return FaultPlan(kill_after_records=kill, pause_after_records=pause, pause_file=lowered.get("_test.pausefile"),
+                     pause_seconds=pause_s)

@@ -21,16 +21,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", required=True)
     p.add_argument("--bootstrap", required=True)
     p.add_argument("--topic", required=True)
-    p.add_argument("--wal", required=True)
+    p.add_argument("--wal", default=None, help="wal.path (default: unset, each host's $RECOVERABLE_KAFKA_WAL_PATH)")
     p.add_argument("--summary", required=True)
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting")
     p.add_argument("--shuffle", type=int, default=0,
                    help="repartition(N, id %% 97) before the sink: a retried task reads its rows in another order")
     args = p.parse_args(argv)
 
     spark = local_spark("recoverable-kafka-chaos-job", args.master, **{
         "spark.task.maxFailures": "4", "spark.executor.memory": "768m",
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "2000"})
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "2000",
+        **dict(item.split("=", 1) for item in args.conf)})
     from pyspark.sql import functions as F
 
     df = spark.range(args.rows, numPartitions=args.partitions).select(

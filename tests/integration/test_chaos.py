@@ -12,7 +12,7 @@ from testing.chaos.lab import Lab
 from testing.chaos.scenarios import ALO, EO, SCENARIOS
 
 # Under exactly_once the suite runs the faults that reach the transaction protocol; make chaos runs them all.
-_EO_IN_SUITE = {"1b", "2", "5", "12", "13", "14", "15"}
+_EO_IN_SUITE = {"1b", "2", "5", "12", "13", "14", "15", "16"}
 _CASES = [(s, ALO) for s in SCENARIOS if ALO in s.modes] + \
          [(s, EO) for s in SCENARIOS if EO in s.modes and s.id in _EO_IN_SUITE]
 
