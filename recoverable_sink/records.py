@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -18,6 +19,11 @@ from recoverable_sink.errors import RecordError
 
 # The sink's input columns, in the order a normalised batch keeps them.
 COLUMNS = ("key", "value", "topic", "partition", "headers", "timestamp")
+
+# librdkafka refuses a record when this plus its key, value and serialised headers exceed message.max.bytes
+# (RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: the largest varints of length, timestamp and offset deltas, key and value
+# lengths and header count, plus the attributes byte).
+_RECORD_OVERHEAD = 36
 
 
 @dataclass(frozen=True)
@@ -95,14 +101,21 @@ def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, fir
             raise RecordError(f"{where}, record {first_position + row}: partition {parts[row].as_py()} is negative")
     if "headers" in names:
         _check_header_keys(batch.column("headers"), where, first_position)
-    size = pc.fill_null(pc.binary_length(batch.column("value").cast(pa.binary())), 0)
-    if "key" in names:
-        size = pc.add(size, pc.fill_null(pc.binary_length(batch.column("key").cast(pa.binary())), 0))
+    if "timestamp" in names:
+        stamps = batch.column("timestamp")
+        if (row := _first(pc.fill_null(pc.less(stamps, 1), False))) is not None:
+            raise RecordError(
+                f"{where}, record {first_position + row}: timestamp {stamps[row].as_py()} ms is not after "
+                "1970-01-01T00:00:00Z; librdkafka reads 0 as \"now\" and Kafka refuses earlier times, so it cannot "
+                "be sent as it is: use null (the producer stamps the record) or a later time"
+            )
+    size = _record_sizes(batch)
     if (row := _first(pc.greater(size, max_message_bytes))) is not None:
+        what = "key+value+headers" if "headers" in names else "key+value"
         raise RecordError(
-            f"{where}, record {first_position + row}: key+value is {size[row].as_py()} bytes, more than the "
-            f"producer's message.max.bytes={max_message_bytes}; raise kafka.message.max.bytes (and the topic's "
-            "max.message.bytes) or make the record smaller"
+            f"{where}, record {first_position + row}: {what} with the record framing is {size[row].as_py()} "
+            f"bytes, more than the producer's message.max.bytes={max_message_bytes}; raise "
+            "kafka.message.max.bytes (and the topic's max.message.bytes) or make the record smaller"
         )
     if topics is None and "partition" not in names:
         return  # the topic option was checked on the driver
@@ -120,6 +133,32 @@ def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, fir
                 f"{where}, record {first_position + row}: partition {parts[row].as_py()} is out of range for topic "
                 f"{topic}, which has {count} partitions (0..{count - 1}); fix the partition column or drop it"
             )
+
+
+def _record_sizes(batch: pa.RecordBatch) -> pa.Array:
+    """Each record's size as librdkafka counts it against message.max.bytes."""
+    names = batch.schema.names
+    size = pc.add(pc.fill_null(pc.binary_length(batch.column("value").cast(pa.binary())), 0), _RECORD_OVERHEAD)
+    if "key" in names:
+        size = pc.add(size, pc.fill_null(pc.binary_length(batch.column("key").cast(pa.binary())), 0))
+    if "headers" not in names:
+        return size
+    headers = batch.column("headers")
+    items = headers.values  # the whole child array; the offsets below index into it
+    key_len = pc.fill_null(pc.binary_length(pc.struct_field(items, "key").cast(pa.binary())), 0).to_numpy()
+    value_len = pc.fill_null(pc.binary_length(pc.struct_field(items, "value")), -1).to_numpy()
+    # Each header: its key and value, each preceded by a zigzag varint length (a null value is length -1).
+    item_size = np.maximum(key_len, 0) + np.maximum(value_len, 0) + _varint_size(key_len) + _varint_size(value_len)
+    running = np.concatenate(([0], np.cumsum(item_size, dtype=np.int64)))
+    offsets = headers.offsets.to_numpy()
+    per_record = np.where(headers.is_valid().to_numpy(zero_copy_only=False),
+                          running[offsets[1:]] - running[offsets[:-1]], 0)
+    return pc.add(size, pa.array(per_record, pa.int64()))
+
+
+def _varint_size(n: np.ndarray) -> np.ndarray:
+    zigzag = np.where(n >= 0, 2 * n, -2 * n - 1)
+    return 1 + sum((zigzag >= 1 << (7 * k)).astype(np.int64) for k in range(1, 5))
 
 
 def _check_header_keys(headers: pa.Array, where: str, first_position: int) -> None:

@@ -2,6 +2,7 @@
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import KafkaException, Producer
 
 from recoverable_sink.errors import RecordError
 from recoverable_sink.records import SchemaPlan, check_batch, normalise, to_records
@@ -39,8 +40,45 @@ def test_topic_column_naming_a_missing_topic_fails_before_the_wal():
 
 def test_key_plus_value_over_the_limit_names_the_record():
     b = pa.RecordBatch.from_pydict({"key": [b"k", b"k" * 10], "value": [b"v", b"v" * 995]})
-    with pytest.raises(RecordError, match=r"record 1: key\+value is 1005 bytes"):
+    with pytest.raises(RecordError, match=r"record 1: key\+value with the record framing is 1041 bytes"):
         check_batch(b, "t", "p0", 0, 1000, counts)
+
+
+@pytest.mark.parametrize("hdrs", [[], [{"key": "a", "value": b"x" * 10}],
+                                  [{"key": "k" * 200, "value": None}, {"key": "h", "value": b"y" * 130}]])
+@pytest.mark.parametrize("key", [None, b"kkk"])
+def test_the_size_check_refuses_exactly_what_librdkafka_refuses(hdrs, key):
+    # librdkafka checks the size in produce(), before any broker is involved: no broker needed here.
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "message.max.bytes": 1000, "log_level": 0})
+    disagree = []
+    for n in range(500, 1000):
+        value = b"v" * n
+        batch = pa.RecordBatch.from_pydict({"key": pa.array([key], pa.binary()), "value": [value],
+                                            "headers": headers(hdrs)})
+        try:
+            check_batch(batch, "t", "p0", 0, 1000, counts)
+            ours = True
+        except RecordError:
+            ours = False
+        try:
+            producer.produce("t", value, key, headers=[(h["key"], h["value"]) for h in hdrs] or None)
+            theirs = True
+        except KafkaException:
+            theirs = False
+        if ours != theirs:
+            disagree.append(n)
+    producer.purge()
+    assert not disagree
+
+
+@pytest.mark.parametrize("stamp", [0, -1_000_000])
+def test_a_timestamp_librdkafka_would_send_as_now_or_kafka_refuses_names_the_record(stamp):
+    plan = SchemaPlan(columns=("value", "timestamp"), topic_option="t")
+    raw = pa.RecordBatch.from_pydict({"value": ["a", "b"],
+                                      "timestamp": pa.array([1_000_000, stamp], pa.timestamp("us"))})
+    refused = r"p0, record 6: timestamp -?\d+ ms is not after 1970-01-01T00:00:00Z.*use null"
+    with pytest.raises(RecordError, match=refused):
+        check_batch(normalise(raw, plan), "t", "p0", 5, 1000, counts)
 
 
 def test_normalise_drops_the_topic_column_under_the_option_and_keeps_milliseconds():
