@@ -9,7 +9,13 @@ partitions that were only partly logged here::
 
     recoverable-kafka-wal list   --path /data/rk-wal
     recoverable-kafka-wal replay --path /data/rk-wal --write-id 1ac57b... --bootstrap-servers broker:9092
+    recoverable-kafka-wal replay --path /data/rk-wal --write-id 1ac57b... --kafka-config client.properties
     recoverable-kafka-wal purge  --path /data/rk-wal --write-id 1ac57b...
+
+Producer settings (the write's ``kafka.*`` options, without the prefix) come from, lowest precedence first: a
+``--kafka-config`` properties file (``name=value`` lines, ``#`` comments, as a Kafka client's), environment
+variables ``RECOVERABLE_KAFKA_PRODUCER_<NAME>`` (``sasl.password`` is ``..._SASL_PASSWORD``), and ``--kafka
+NAME=VALUE``. Give secrets by the first two: a command line is visible to every user in ``ps``.
 
 Run it on each executor host that holds a WAL (the abort log line names the path and write id). Never needs
 Spark: this module imports no pyspark.
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections import defaultdict
@@ -32,11 +39,13 @@ from recoverable_sink._logging import configure, get_logger
 from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produce, producers, wait_for_acks
 from recoverable_sink.errors import DeliveryError, RecoverableSinkError
 from recoverable_sink.identity import split
-from recoverable_sink.options import parse_options
+from recoverable_sink.options import is_sensitive, parse_options
 from recoverable_sink.records import to_records
 from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal
 
 log = get_logger("cli")
+
+ENV_PREFIX = "RECOVERABLE_KAFKA_PRODUCER_"
 
 
 def describe(wal: Wal, write_id: str | None) -> list[dict[str, object]]:
@@ -125,9 +134,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--write-id", required=name in ("replay", "purge"),
                        help="the write id the abort log line names")
         if name == "replay":
-            p.add_argument("--bootstrap-servers", required=True)
+            p.add_argument("--bootstrap-servers", default=None,
+                           help="the brokers (or bootstrap.servers in --kafka-config or the environment)")
+            p.add_argument("--kafka-config", default=None, metavar="FILE",
+                           help="producer settings as a properties file (name=value lines); the place for secrets")
             p.add_argument("--kafka", action="append", default=[], metavar="NAME=VALUE",
-                           help="a producer setting, as the kafka.NAME option of the write (repeatable)")
+                           help="a producer setting, as the kafka.NAME option of the write (repeatable; visible in "
+                                "ps, so not for secrets)")
             p.add_argument("--partitions", type=int, default=None,
                            help="the write's partition count: also refuse when a partition is missing here")
     return parser
@@ -157,11 +170,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> int:
-    kafka = {"kafka.bootstrap.servers": args.bootstrap_servers}
+def _read_properties(path: str) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise RecoverableSinkError(f"--kafka-config {path} cannot be read: {exc.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise RecoverableSinkError(f"--kafka-config {path} line {number}: expected name=value")
+        settings[name.strip()] = value.strip()
+    return settings
+
+
+def producer_settings(args: argparse.Namespace, environ: dict[str, str]) -> dict[str, str]:
+    """The replay's ``kafka.*`` options: the properties file, then the environment, then the command line."""
+    settings = _read_properties(args.kafka_config) if args.kafka_config else {}
+    for var, value in environ.items():
+        if var.startswith(ENV_PREFIX) and len(var) > len(ENV_PREFIX):
+            settings[var[len(ENV_PREFIX):].lower().replace("_", ".")] = value
     for item in args.kafka:
         name, _, value = item.partition("=")
-        kafka[f"kafka.{name}"] = value
+        if is_sensitive(name):
+            log.warning("--kafka %s=... puts a secret in this command line, which every user can see in ps; "
+                        "give it in --kafka-config or %s%s instead", name, ENV_PREFIX,
+                        name.upper().replace(".", "_"))
+        settings[name] = value
+    if args.bootstrap_servers:
+        settings["bootstrap.servers"] = args.bootstrap_servers
+    if not settings.get("bootstrap.servers"):
+        raise RecoverableSinkError("replay needs the brokers: --bootstrap-servers, bootstrap.servers in "
+                                   f"--kafka-config, or {ENV_PREFIX}BOOTSTRAP_SERVERS")
+    return {f"kafka.{name.removeprefix('kafka.')}": value for name, value in settings.items()}
+
+
+def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> int:
+    kafka = producer_settings(args, dict(os.environ))
     by_partition: dict[int, list[AttemptInfo]] = defaultdict(list)
     for a in attempts:
         by_partition[a.partition].append(a)

@@ -32,3 +32,30 @@ def test_abort_line_names_partitions_write_id_and_how_to_finish(caplog):
 def test_the_wal_cli_never_imports_pyspark():
     code = "import sys, recoverable_sink.cli; sys.exit('pyspark' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_replay_takes_producer_settings_from_a_file_and_the_environment_and_warns_of_secrets_in_argv(
+        tmp_path, caplog):
+    from recoverable_sink.cli import _parser, producer_settings
+
+    config = tmp_path / "client.properties"
+    config.write_text("# a Kafka client's file\nbootstrap.servers=b1:9092\nsasl.mechanism = PLAIN\n"
+                      "sasl.password=from-file\nlinger.ms=5\n")
+    args = _parser().parse_args(["replay", "--path", "p", "--write-id", "w", "--kafka-config", str(config),
+                                 "--kafka", "linger.ms=20", "--kafka", "sasl.username=alice"])
+    env = {"RECOVERABLE_KAFKA_PRODUCER_SASL_PASSWORD": "from-env", "OTHER": "x"}
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.cli"):
+        settings = producer_settings(args, env)
+    assert settings == {"kafka.bootstrap.servers": "b1:9092", "kafka.sasl.mechanism": "PLAIN",
+                        "kafka.sasl.password": "from-env", "kafka.linger.ms": "20", "kafka.sasl.username": "alice"}
+    assert "--kafka sasl.username=... puts a secret in this command line" in caplog.text
+    assert "alice" not in caplog.text
+
+
+def test_replay_without_brokers_anywhere_says_where_to_give_them(tmp_path, caplog):
+    from recoverable_sink.cli import main
+
+    with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
+        assert main(["replay", "--path", str(tmp_path / "wal"), "--write-id", "w"]) == 1
+    assert "--bootstrap-servers, bootstrap.servers in --kafka-config, or RECOVERABLE_KAFKA_PRODUCER_BOOTSTRAP_SERVERS" \
+        in caplog.text
