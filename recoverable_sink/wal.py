@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import socket
 import struct
 import threading
@@ -40,7 +41,8 @@ from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet
 
 log = get_logger("wal")
 
-_MAP_SIZE = 1 << 40  # virtual address space only: LMDB grows the file as data is written
+_MAX_MAP_SIZE = 1 << 40  # virtual address space only: LMDB grows the file as data is written
+_MIN_MAP_SIZE = 64 << 20
 _SEG_MAGIC = b"RKW2"
 _ACK_MAGIC = b"RKA1"
 # magic, crc32 of the rest, record count, first position, payload length, flags
@@ -458,8 +460,30 @@ def _check_room(path: str, size: int) -> None:
                        "wal.path at a larger disk. Records accepted so far stay in the WAL")
 
 
+def map_size() -> int:
+    """The LMDB map for this process: 1 TiB of address space (it costs nothing until written), unless the
+    address space is capped, as ``spark.executor.pyspark.memory`` caps each Python worker's (RLIMIT_AS, like
+    YARN's virtual-memory check); then a quarter of the cap, leaving the rest to Python, Arrow and librdkafka.
+    The Python workers of one executor share the cap, so they agree on the size."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return _MAX_MAP_SIZE
+    page = resource.getpagesize()
+    return max(_MIN_MAP_SIZE, min(_MAX_MAP_SIZE, soft // 4 // page * page))
+
+
 def _wal_error(path: str, exc: BaseException) -> WalError:
     text = str(exc)
+    if isinstance(exc, lmdb.MapFullError):
+        return WalFullError(
+            f"WAL {path}: its memory map is full ({map_size() >> 20} MiB, a quarter of this worker's address-space "
+            "limit, spark.executor.pyspark.memory); raise that limit, lower wal.maxBytes or wal.retentionHours. "
+            "Nothing was dropped: records accepted so far stay in the WAL")
+    if isinstance(exc, MemoryError) or "Cannot allocate memory" in text:
+        return WalError(
+            f"WAL {path}: the {map_size() >> 20} MiB memory map does not fit this process's address space "
+            f"({text}); raise spark.executor.pyspark.memory or move older writes' logs aside (a log larger than "
+            "the map cannot be opened under the limit)")
     # A full disk reaches LMDB as ENOSPC or, on some filesystems (tmpfs), as EIO from the commit: ask the
     # filesystem rather than trust the error text.
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC or "No space left" in text or _disk_nearly_full(path):
@@ -510,7 +534,7 @@ def open_wal(path: str) -> Wal:
             raise WalError(f"wal.path={path} is not writable by user {os.getuid()} on {socket.gethostname()}; "
                            "point wal.path at a writable executor-local directory")
         try:
-            env = lmdb.open(path, map_size=_MAP_SIZE, subdir=True, sync=True, metasync=True, lock=True,
+            env = lmdb.open(path, map_size=map_size(), subdir=True, sync=True, metasync=True, lock=True,
                             mode=0o600, max_readers=512, readahead=False)
         except lmdb.Error as exc:
             raise _wal_error(path, exc) from None

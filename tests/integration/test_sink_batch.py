@@ -3,6 +3,8 @@
 import datetime as dt
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from pyspark.sql import Row
@@ -19,8 +21,9 @@ from pyspark.sql.types import (
 
 from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.wal import open_wal
-from testing.kafka_check import read_topic
-from testing.spark import sink_writer
+from testing.kafka_check import count_records, read_topic
+from testing.kafka_local import REPO
+from testing.spark import python_env, sink_writer
 
 HEADERS = ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
 
@@ -134,3 +137,16 @@ def test_wal_off_still_delivers_everything(spark, kafka, new_topic, tmp_path):
     assert summary["acknowledged"] == 3000
     assert not os.path.exists(tmp_path / "wal")
     assert len(read_topic(kafka.bootstrap_servers, topic, 30, expected=3000)) == 3000
+
+
+def test_a_write_works_under_spark_executor_pyspark_memory(kafka, new_topic, tmp_path):
+    """spark.executor.pyspark.memory caps each Python worker's address space (RLIMIT_AS); a 1 TiB LMDB map
+    would not fit. A session of its own (the setting is fixed at start), in a child process."""
+    topic = new_topic(2)
+    out = subprocess.run(
+        [sys.executable, "-m", "testing.chaos.jobs", "--master", "local[2]", "--rows", "20000", "--prefix", "pm",
+         "--bootstrap", kafka.bootstrap_servers, "--topic", topic, "--wal", str(tmp_path / "wal"),
+         "--summary", str(tmp_path / "summary.jsonl"), "--conf", "spark.executor.pyspark.memory=2g"],
+        cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert count_records(kafka.bootstrap_servers, topic) == 20000

@@ -2,6 +2,8 @@
 
 import os
 import stat
+import subprocess
+import sys
 import time
 
 import pyarrow as pa
@@ -187,3 +189,18 @@ def test_stats_counts_orphaned_entries(wal_dir):
         txn.delete(f"m/{key}".encode())
     stats = wal.stats()
     assert (stats.attempts, stats.orphaned_entries) == (0, 2)
+
+
+def test_the_map_fits_a_capped_address_space_and_is_large_otherwise(tmp_path):
+    # A child process, so the cap (what spark.executor.pyspark.memory sets) does not bind the test runner.
+    code = (
+        "import resource, sys\n"
+        "from recoverable_sink.wal import map_size\n"
+        "print(map_size())\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))\n"
+        "print(map_size())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    unlimited, capped = (int(line) for line in out.stdout.split())
+    assert unlimited == 1 << 40
+    assert capped == 512 << 20
