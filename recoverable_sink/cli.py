@@ -30,8 +30,9 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TextIO
 
 from confluent_kafka import Producer
 
@@ -65,6 +66,54 @@ def describe(wal: Wal, write_id: str | None) -> list[dict[str, object]]:
     return rows
 
 
+def totals_by_write(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Per write: attempts, partitions, records still unacknowledged, payload held, age of the newest attempt."""
+    writes: dict[str, dict[str, object]] = {}
+    for r in rows:
+        w = writes.setdefault(str(r["write_id"]), {
+            "write_id": r["write_id"], "kind": r["kind"], "topic": r["topic"], "attempts": 0, "partitions": set(),
+            "states": set(), "records": 0, "unacknowledged": 0, "bytes": 0, "age_s": r["age_s"]})
+        w["attempts"] += 1  # type: ignore[operator]
+        w["partitions"].add(r["partition"])  # type: ignore[attr-defined]
+        w["states"].add(r["state"])  # type: ignore[attr-defined]
+        for k in ("records", "unacknowledged", "bytes"):
+            w[k] += r[k]  # type: ignore[operator]
+        w["age_s"] = min(w["age_s"], r["age_s"])  # type: ignore[type-var]
+    return [{**w, "partitions": len(w["partitions"]), "states": sorted(w["states"])}  # type: ignore[arg-type]
+            for w in writes.values()]
+
+
+def _table(rows: list[dict[str, object]], columns: list[str]) -> str:
+    cells = [[str(r[c]) if r[c] is not None else "-" for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+class Progress:
+    """Replay progress on stderr: a bar redrawn in place on a terminal, a plain line every 10 s otherwise."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = self.stream.isatty()
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        share = done / total if total else 1.0
+        if self.tty:
+            bar = "#" * int(share * 30)
+            self.stream.write(f"\r{self.label} [{bar:<30}] {done:,}/{total:,} records")
+            if done >= total:
+                self.stream.write("\n")
+            self.stream.flush()
+        elif now - self._last >= 10.0 or done >= total:
+            self._last = now
+            log.info("%s: %d of %d records (%.0f%%)", self.label, done, total, 100 * share)
+
+
 @dataclass
 class ReplayCounts:
     records: int = 0  # records the chosen attempt logged
@@ -77,7 +126,8 @@ class NotFullyLogged(RecoverableSinkError):
 
 
 def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str],
-                     producer: Producer | None = None) -> ReplayCounts:
+                     producer: Producer | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> ReplayCounts:
     """Finish one partition from the newest attempt that logged its whole input: send what that attempt logged
     and no attempt got acknowledged (later attempts' acknowledgements count too, by record digest)."""
     chosen = next((i for i in range(len(attempts) - 1, -1, -1) if attempts[i].state in (LOGGED, DONE)), None)
@@ -98,6 +148,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
             f".option('wal.writeId', '{attempt.write_id}') and the same transactional.id.prefix instead"
         )
     options = parse_options(kafka)
+    total = sum(seg.count for seg in wal.segments(attempt.key, payload=False)) if progress is not None else 0
     producer = producer if producer is not None else producers.get(options)
     acked_later = wal.delivered(later)
     counts = ReplayCounts()
@@ -107,6 +158,8 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         counts.records += seg.count
         if seg.batch is None:  # every record acknowledged
             counts.already_delivered += seg.count
+            if progress is not None:
+                progress(counts.records, total)
             continue
         matched = acked_later.take(d for d, a in zip(split(seg.digests), seg.acked, strict=True) if not a)
         it = iter(matched.skip)
@@ -117,6 +170,8 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         counts.already_delivered += seg.count - sent
         wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)
         wal.save_acks(attempt.key, tracker.take_dirty())
+        if progress is not None:
+            progress(counts.records, total)
     if tracker.failed or tracker.outstanding:
         raise DeliveryError(f"replay of partition {attempt.partition} of write {attempt.write_id}: "
                             f"{options.scrub(tracker.first_error() or 'records unacknowledged')}; "
@@ -133,6 +188,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--path", required=True, help="the wal.path of the write")
         p.add_argument("--write-id", required=name in ("replay", "purge"),
                        help="the write id the abort log line names")
+        p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         if name == "replay":
             p.add_argument("--bootstrap-servers", default=None,
                            help="the brokers (or bootstrap.servers in --kafka-config or the environment)")
@@ -152,11 +208,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         wal = open_wal(args.path)
         if args.command == "list":
-            json.dump(describe(wal, args.write_id), sys.stdout, indent=1)
+            rows = describe(wal, args.write_id)
+            writes = totals_by_write(rows)
+            if args.json:
+                json.dump({"writes": writes, "attempts": rows}, sys.stdout, indent=1)
+            elif args.write_id:
+                sys.stdout.write(_table(rows, ["partition", "attempt", "state", "records", "unacknowledged",
+                                               "bytes", "age_s", "host"]))
+            else:
+                sys.stdout.write(_table(writes, ["write_id", "kind", "topic", "attempts", "partitions", "states",
+                                                 "records", "unacknowledged", "bytes", "age_s"]) if writes
+                                 else f"no writes in {wal.path}")
             sys.stdout.write("\n")
             return 0
         if args.command == "stats":
-            json.dump(asdict(wal.stats()), sys.stdout)
+            stats = asdict(wal.stats())
+            sys.stdout.write(json.dumps(stats) if args.json else "\n".join(f"{k}: {v}" for k, v in stats.items()))
             sys.stdout.write("\n")
             return 0
         attempts = wal.attempts(f"{args.write_id}/")
@@ -218,7 +285,8 @@ def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> 
     refused: list[str] = []
     for partition in sorted(by_partition):
         try:
-            counts = replay_partition(wal, by_partition[partition], kafka)
+            counts = replay_partition(wal, by_partition[partition], kafka,
+                                      progress=Progress(f"write {args.write_id} partition {partition}"))
         except NotFullyLogged as exc:
             refused.append(str(exc))
             continue
@@ -229,9 +297,12 @@ def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> 
     if missing:
         refused.append(f"partitions {missing} of write {args.write_id} are not in {wal.path}: they ran on another "
                        "host or never started; re-run the write with the same wal.writeId")
-    json.dump({"write_id": args.write_id, "partitions": len(by_partition), **asdict(total),
-               "refused": refused}, sys.stdout)
-    sys.stdout.write("\n")
+    report = {"write_id": args.write_id, "partitions": len(by_partition), **asdict(total), "refused": refused}
+    if args.json:
+        sys.stdout.write(json.dumps(report) + "\n")
+    else:
+        sys.stdout.write(f"write {args.write_id}: {len(by_partition)} partition(s) here, {total.sent} records sent, "
+                         f"{total.already_delivered} already delivered, {len(refused)} partition(s) refused\n")
     if not by_partition:
         log.warning("no attempt of write %s in %s: nothing to replay on this host", args.write_id, wal.path)
     for problem in refused:

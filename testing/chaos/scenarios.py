@@ -324,7 +324,7 @@ def broker_down_past_delivery_timeout(lab: Lab, rng: random.Random, n: int) -> T
     unknown_fate = _wal_ids(d / "wal", acked=False)
     trial.notes["unacknowledged_in_wal"] = len(unknown_fate)
     write_id = last_summary(d / "summary.jsonl")["write_id"]
-    replay = _cli("replay", "--path", str(d / "wal"), "--write-id", write_id, "--partitions", "4",
+    replay = _cli("replay", "--json", "--path", str(d / "wal"), "--write-id", write_id, "--partitions", "4",
                   "--bootstrap-servers", lab.kafka.bootstrap_servers)
     report = json.loads(replay.stdout.splitlines()[-1]) if replay.stdout.strip() else {}
     trial.notes["replay"] = {"exit": replay.returncode, "sent": report.get("sent"),

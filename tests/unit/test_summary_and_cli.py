@@ -1,11 +1,18 @@
 """Driver-side summaries, and the CLI's independence from Spark."""
 
+import io
+import json
 import logging
 import subprocess
 import sys
 
+import pyarrow as pa
+
+from recoverable_sink.cli import Progress, _parser, main, producer_settings
 from recoverable_sink.contract import SinkCommitMessage
+from recoverable_sink.identity import record_digests
 from recoverable_sink.summary import log_abort, summarize
+from recoverable_sink.wal import open_wal
 
 
 def message(partition: int, attempt: int = 0, **counts: int) -> SinkCommitMessage:
@@ -36,8 +43,6 @@ def test_the_wal_cli_never_imports_pyspark():
 
 def test_replay_takes_producer_settings_from_a_file_and_the_environment_and_warns_of_secrets_in_argv(
         tmp_path, caplog):
-    from recoverable_sink.cli import _parser, producer_settings
-
     config = tmp_path / "client.properties"
     config.write_text("# a Kafka client's file\nbootstrap.servers=b1:9092\nsasl.mechanism = PLAIN\n"
                       "sasl.password=from-file\nlinger.ms=5\n")
@@ -53,9 +58,53 @@ def test_replay_takes_producer_settings_from_a_file_and_the_environment_and_warn
 
 
 def test_replay_without_brokers_anywhere_says_where_to_give_them(tmp_path, caplog):
-    from recoverable_sink.cli import main
-
     with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
         assert main(["replay", "--path", str(tmp_path / "wal"), "--write-id", "w"]) == 1
     assert "--bootstrap-servers, bootstrap.servers in --kafka-config, or RECOVERABLE_KAFKA_PRODUCER_BOOTSTRAP_SERVERS" \
         in caplog.text
+
+
+def _two_writes(path: str) -> None:
+    wal = open_wal(path)
+    for write_id, partitions in (("w-one", 2), ("w-two", 1)):
+        for p in range(partitions):
+            key = wal.begin_attempt(write_id, p, 0, {"kind": "batch", "topic": "t"})
+            b = pa.RecordBatch.from_pydict({"value": [b"x" * 10] * 5})
+            wal.append(key, 0, b, record_digests(b, "t", "c"), 1 << 20, {})
+
+
+def test_list_shows_per_write_totals_and_json_for_scripts(tmp_path, capsys):
+    path = str(tmp_path / "wal")
+    _two_writes(path)
+    assert main(["list", "--path", path]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:6] == ["write_id", "kind", "topic", "attempts", "partitions", "states"]
+    assert [line.split()[:5] for line in table[1:]] == [["w-one", "batch", "t", "2", "2"],
+                                                        ["w-two", "batch", "t", "1", "1"]]
+    assert main(["list", "--path", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(w["write_id"], w["records"], w["unacknowledged"]) for w in report["writes"]] == \
+        [("w-one", 10, 10), ("w-two", 5, 5)]
+    assert len(report["attempts"]) == 3
+
+
+def test_replay_progress_is_a_bar_on_a_terminal_and_lines_otherwise(caplog):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty = Tty()
+    bar = Progress("partition 3", tty)
+    bar(50, 100)
+    bar(100, 100)
+    assert "\rpartition 3 [###############               ] 50/100 records" in tty.getvalue()
+    assert tty.getvalue().endswith("100/100 records\n")
+    plain = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="recoverable_sink.cli"):
+        lines = Progress("partition 3", plain)
+        lines(50, 100)
+        lines(60, 100)  # within 10 s of the last line: not repeated
+        lines(100, 100)
+    assert plain.getvalue() == ""
+    assert [r.getMessage() for r in caplog.records] == ["partition 3: 50 of 100 records (50%)",
+                                                        "partition 3: 100 of 100 records (100%)"]
