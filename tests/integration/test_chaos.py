@@ -11,9 +11,12 @@ from recoverable_sink import RecoverableKafkaDataSource
 from testing.chaos.lab import Lab
 from testing.chaos.scenarios import ALO, EO, SCENARIOS
 
-# Under exactly_once the suite runs the faults that reach the transaction protocol; make chaos runs them all.
+# Under exactly_once the suite runs the faults that reach the transaction protocol; under at_least_once all
+# but the two that only show its documented limit (a lost WAL, speculation: both attempts send). make chaos
+# runs every scenario in both modes.
 _EO_IN_SUITE = {"1b", "2", "5", "12", "13", "14", "15", "16"}
-_CASES = [(s, ALO) for s in SCENARIOS if ALO in s.modes] + \
+_ALO_ONLY_IN_CAMPAIGN = {"15", "16"}
+_CASES = [(s, ALO) for s in SCENARIOS if ALO in s.modes and s.id not in _ALO_ONLY_IN_CAMPAIGN] + \
          [(s, EO) for s in SCENARIOS if EO in s.modes and s.id in _EO_IN_SUITE]
 
 
