@@ -55,6 +55,7 @@ _MAX_ENVS = 16
 OPEN, LOGGED, DONE = "open", "logged", "done"
 
 _envs: dict[str, lmdb.Environment] = {}
+_env_files: dict[str, tuple[int, int] | None] = {}  # (device, inode) of each open environment's data.mdb
 _envs_lock = threading.Lock()
 
 
@@ -515,7 +516,13 @@ def open_wal(path: str) -> Wal:
     with _envs_lock:
         env = _envs.get(path)
         if env is not None:
-            return Wal(path, env)
+            if _same_file(path, _env_files[path]):
+                return Wal(path, env)
+            # The directory was deleted or replaced (by an operator, a cleanup job) while this process held it
+            # open: logging on into the old, unlinked file would lose every record with the process. Start
+            # over on what is there now; the old handle is left to the tasks that may still hold it.
+            log.warning("WAL %s was removed or replaced while open; opening it anew", path)
+            del _envs[path]
         try:
             if not os.path.isdir(path):
                 os.makedirs(path, mode=0o700, exist_ok=True)  # only what the sink creates is made owner-only
@@ -546,7 +553,20 @@ def open_wal(path: str) -> Wal:
         while len(_envs) >= _MAX_ENVS:  # the oldest opened goes first; a task holds its Wal for its duration
             _envs.pop(next(iter(_envs))).close()
         _envs[path] = env
+        _env_files[path] = _file_id(path)
         return Wal(path, env)
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _same_file(path: str, opened: tuple[int, int] | None) -> bool:
+    return opened is not None and _file_id(path) == opened
 
 
 def close_wal(path: str) -> None:

@@ -1,6 +1,8 @@
 """The LMDB write-ahead log on its own: layout, bound, permissions, purge, proof of delivery, corruption."""
 
+import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -204,3 +206,15 @@ def test_the_map_fits_a_capped_address_space_and_is_large_otherwise(tmp_path):
     unlimited, capped = (int(line) for line in out.stdout.split())
     assert unlimited == 1 << 40
     assert capped == 512 << 20
+
+
+def test_a_wal_directory_deleted_while_open_is_opened_anew_not_written_through_the_old_handle(wal_dir, caplog):
+    wal = open_wal(wal_dir)
+    key = wal.begin_attempt("w", 0, 0, {})
+    append(wal, key, 0, batch([b"v"]))
+    shutil.rmtree(wal_dir)
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.wal"):
+        fresh = open_wal(wal_dir)
+    assert "was removed or replaced while open" in caplog.text
+    assert fresh.attempts() == []
+    assert os.path.exists(os.path.join(wal_dir, "data.mdb"))
