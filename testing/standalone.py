@@ -56,6 +56,13 @@ class StandaloneCluster:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def __enter__(self) -> StandaloneCluster:
+        try:
+            return self._start_all()
+        except BaseException:
+            self.__exit__(None, None, None)  # a daemon that started must not outlive a failed start
+            raise
+
+    def _start_all(self) -> StandaloneCluster:
         self.work.mkdir(parents=True, exist_ok=True)
         self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port",
                                str(self.port), "--webui-port", "0"], {})
