@@ -148,7 +148,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
             f".option('wal.writeId', '{attempt.write_id}') and the same transactional.id.prefix instead"
         )
     options = parse_options(kafka)
-    total = sum(seg.count for seg in wal.segments(attempt.key, payload=False)) if progress is not None else 0
+    total = wal.record_count(attempt.key) if progress is not None else 0
     producer = producer if producer is not None else producers.get(options)
     acked_later = wal.delivered(later)
     counts = ReplayCounts()

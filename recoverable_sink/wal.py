@@ -378,6 +378,21 @@ class Wal:
                 segment = self._decode(k.decode(), value, ack_value, payload)
             yield segment
 
+    def record_count(self, attempt_key: str) -> int:
+        """How many records an attempt logged, from the segment headers alone (no payload read, no checksum:
+        for progress reports; :meth:`segments` checks every byte)."""
+        start = b"s/" + attempt_key.encode() + b"/"
+        total = 0
+        with self.env.begin() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(start):
+                for k, v in cursor.iternext():
+                    if not k.startswith(start):
+                        break
+                    if len(v) >= _SEG_HEADER.size:
+                        total += _SEG_HEADER.unpack_from(v)[2]
+        return total
+
     def _segment_entries(self, txn: lmdb.Transaction, attempt_key: str) -> list[tuple[bytes, bytes, bytes]]:
         start = b"s/" + attempt_key.encode() + b"/"
         cursor = txn.cursor()

@@ -218,3 +218,11 @@ def test_a_wal_directory_deleted_while_open_is_opened_anew_not_written_through_t
     assert "was removed or replaced while open" in caplog.text
     assert fresh.attempts() == []
     assert os.path.exists(os.path.join(wal_dir, "data.mdb"))
+
+
+def test_record_count_reads_the_segment_headers(wal_dir):
+    wal = open_wal(wal_dir)
+    key = wal.begin_attempt("w", 0, 0, {})
+    append(wal, key, 0, batch([b"a", b"b"]))
+    append(wal, key, 2, batch([b"c"]))
+    assert wal.record_count(key) == sum(s.count for s in wal.segments(key)) == 3
