@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP_PY := build/.stamp-python
 STAMP_JARS := build/.stamp-jars
 
-.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench lint clean
+.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench dist lint clean
 
 setup: $(STAMP_PY) $(STAMP_JARS)
 
@@ -22,9 +22,9 @@ FORCE:
 $(STAMP_PY): pyproject.toml
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	@# compat mode: a plain .pth entry, so pkgutil.iter_modules() (Spark's auto-registration scan, run in
-	@# workers outside the repo) sees pyspark_recoverable_kafka; the default editable finder hides it.
-	$(PYTHON) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+	@# src layout: the editable install is a plain path entry to src/, which pkgutil.iter_modules() (Spark's
+	@# auto-registration scan, run in workers) sees, so pyspark_recoverable_kafka is found as from a wheel.
+	$(PYTHON) -m pip install -q -e '.[test]'
 	@mkdir -p build && touch $@
 
 # The broker and Spark's Kafka connector, resolved from Maven Central (no Docker, no tarball).
@@ -45,7 +45,7 @@ demo: setup
 
 # The fast tier: no JVM, no broker (options, schema, records, WAL, identity rules, CLI replay, doctests).
 unit: setup
-	$(PYTHON) -m pytest -q tests/unit --doctest-modules recoverable_sink
+	$(PYTHON) -m pytest -q tests/unit --doctest-modules src/recoverable_sink
 
 # Real Spark and real Kafka brokers.
 integration: setup
@@ -58,6 +58,10 @@ chaos: setup
 
 bench: setup
 	$(PYTHON) -m bench.run
+
+# The wheel and the spark-submit --py-files zip, in build/dist/.
+dist: setup
+	$(PYTHON) -m tools.dist
 
 lint: setup
 	$(PYTHON) -m ruff check .

@@ -1,14 +1,16 @@
-"""Shipping the sink: spark-submit --py-files with no register call (auto-registration through the
-pyspark_recoverable_kafka module), the tasks importing the sink from the shipped zip."""
+"""Shipping the sink as ``make dist`` builds it: spark-submit with no register call (auto-registration
+through the pyspark_recoverable_kafka module), from the --py-files zip and from the wheel installed in a fresh
+virtualenv outside the repository."""
 
 import json
+import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 from testing.kafka_check import read_topic
 from testing.kafka_local import REPO
+from tools.dist import build_pyfiles_zip, build_wheel
 
 APP = '''
 import json, sys
@@ -31,26 +33,41 @@ spark.stop()
 '''
 
 
-def build_zip(path: Path) -> Path:
-    with zipfile.ZipFile(path, "w") as z:
-        for f in sorted((REPO / "recoverable_sink").glob("*.py")):
-            z.write(f, f"recoverable_sink/{f.name}")
-        z.write(REPO / "pyspark_recoverable_kafka.py", "pyspark_recoverable_kafka.py")
-    return path
+def submit(spark_submit: Path, python: Path, tmp_path: Path, kafka, topic: str, *extra: str,
+           env: dict[str, str] | None = None) -> dict[str, str]:
+    (tmp_path / "app.py").write_text(APP)
+    out = tmp_path / "out.json"
+    run = subprocess.run(
+        [str(spark_submit), "--master", "local[2]", *extra,
+         "--conf", f"spark.pyspark.python={python}", "--conf", "spark.ui.enabled=false",
+         "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={REPO / 'spark_conf/log4j2.properties'}",
+         str(tmp_path / "app.py"), kafka.bootstrap_servers, topic, str(tmp_path / "wal"), str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert len(read_topic(kafka.bootstrap_servers, topic, 60, expected=500)) == 500
+    return json.loads(out.read_text())
 
 
 def test_spark_submit_with_py_files_and_no_register_call(kafka, new_topic, tmp_path):
-    topic = new_topic()
-    (tmp_path / "app.py").write_text(APP)
-    bundle = build_zip(tmp_path / "recoverable_sink.zip")
-    submit = Path(sys.executable).parent / "spark-submit"
-    out = tmp_path / "out.json"
-    run = subprocess.run(
-        [str(submit), "--master", "local[2]", "--py-files", str(bundle),
-         "--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.ui.enabled=false",
-         "--conf", f"spark.driver.extraJavaOptions=-Dlog4j2.configurationFile={REPO / 'spark_conf/log4j2.properties'}",
-         str(tmp_path / "app.py"), kafka.bootstrap_servers, topic, str(tmp_path / "wal"), str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert ".zip" in json.loads(out.read_text())["task_import"]
-    assert len(read_topic(kafka.bootstrap_servers, topic, 60, expected=500)) == 500
+    bundle = build_pyfiles_zip(tmp_path / "dist")
+    out = submit(Path(sys.executable).parent / "spark-submit", Path(sys.executable), tmp_path, kafka, new_topic(),
+                 "--py-files", str(bundle))
+    assert ".zip" in out["task_import"]
+
+
+def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(kafka, new_topic, tmp_path):
+    """pip install of the wheel alone (its dependencies resolved by pip, from its cache when warm) is enough:
+    spark-submit finds format("recoverable_kafka"), and the tasks import the sink from that virtualenv."""
+    wheel = build_wheel(tmp_path / "dist")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin/pip"), "install", "-q", str(wheel)], check=True, timeout=900,
+                   capture_output=True, text=True)
+    # Nothing of the repository's: no PYTHONPATH, and the PYSPARK_* variables point at the new virtualenv.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYSPARK_", "VIRTUAL_ENV"))}
+    env |= {"PYSPARK_PYTHON": str(venv / "bin/python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin/python")}
+    out = submit(venv / "bin/spark-submit", venv / "bin/python", tmp_path, kafka, new_topic(), env=env)
+    assert out["task_import"].startswith(str(venv / "lib")), out
+    cli = subprocess.run([str(venv / "bin/recoverable-kafka-wal"), "list", "--path", str(tmp_path / "wal"), "--json"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert cli.returncode == 0, cli.stderr

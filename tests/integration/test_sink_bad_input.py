@@ -122,6 +122,30 @@ def test_record_larger_than_message_max_bytes_names_the_record(spark, kafka, new
         write(df, kafka.bootstrap_servers, tmp_path / "wal", new_topic(), **{"kafka.message.max.bytes": "10000"})
 
 
+def test_a_record_over_the_topics_max_message_bytes_is_refused_before_the_wal(spark, kafka, new_topic, tmp_path):
+    """The topic's own max.message.bytes (read on the driver) is checked with the producer's limit, before the
+    batch enters the WAL: nothing of the batch is logged or sent."""
+    topic = new_topic(1, **{"max.message.bytes": "20000"})
+    df = spark.range(4, numPartitions=1).selectExpr(
+        "CASE WHEN id = 3 THEN repeat('x', 19990) ELSE 'small' END AS value")
+    too_large = rf"record 3: key\+value with the record framing is 20026 bytes, more than 19968 bytes \(topic {topic}'s"
+    with pytest.raises(Exception, match=too_large):
+        write(df, kafka.bootstrap_servers, tmp_path / "wal", topic)
+    wal = open_wal(str(tmp_path / "wal"))
+    assert wal.attempts() and wal.used_bytes() == 0
+    assert read_topic(kafka.bootstrap_servers, topic, 5) == []
+
+
+def test_a_topic_whose_max_message_bytes_is_below_librdkafkas_batch_size_gets_every_record(spark, kafka, new_topic,
+                                                                                           tmp_path):
+    """librdkafka batches up to 1 MB by default (the Java client 16 KB): without fitting batch.size to the topic's
+    limit the broker refuses every batch as too large."""
+    topic = new_topic(1, **{"max.message.bytes": "20000"})
+    write(spark.range(5000, numPartitions=2).selectExpr("CAST(id AS STRING) AS key", "repeat('v', 100) AS value"),
+          kafka.bootstrap_servers, tmp_path / "wal", topic)
+    assert len(read_topic(kafka.bootstrap_servers, topic, 60, expected=5000)) == 5000
+
+
 def test_wal_path_that_cannot_be_created_is_named(spark, kafka, new_topic, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

@@ -32,7 +32,7 @@ from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produ
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.records import SchemaPlan, check_batch, normalise, to_records
+from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise, to_records
 from recoverable_sink.transactions import PartitionTransaction
 from recoverable_sink.wal import LOGGED, AttemptInfo, Wal, open_wal, sweep_now_and_then
 
@@ -77,6 +77,20 @@ class _Partitions:
         return self.counts[topic]
 
 
+def _size_limit(options: SinkOptions) -> tuple[int, str]:
+    """The largest record (as records.check_batch sizes it) the producer and, uncompressed, the topic accept."""
+    conf = options.producer_config()
+    limit = int(conf.get("message.max.bytes", 1_000_000))
+    name = f"the producer's message.max.bytes={limit}"
+    topic_max = options.topic_max_message_bytes
+    compressed = conf.get("compression.type", conf.get("compression.codec", "none")) != "none"
+    if topic_max is not None and not compressed and topic_max - TOPIC_BATCH_FRAMING < limit:
+        limit = topic_max - TOPIC_BATCH_FRAMING
+        name = (f"{limit} bytes (topic {options.topic}'s max.message.bytes={topic_max}, less {TOPIC_BATCH_FRAMING} "
+                "of batch framing)")
+    return limit, name
+
+
 @dataclass(frozen=True)
 class _Pending:
     """A batch on its way: logged (or being logged) to the WAL, not yet handed to the producer."""
@@ -115,7 +129,7 @@ class PartitionWriter:
             self.producer = self.txn.producer
         else:
             self.producer = producer if producer is not None else producers.get(options)
-        self.max_message = int(options.producer_config().get("message.max.bytes", 1_000_000))
+        self.max_message, self.max_message_name = _size_limit(options)
         self.partitions = _Partitions(self.producer, self.where)
         self.tracker = DeliveryTracker()
         self.position = 0  # records read from Spark
@@ -157,7 +171,8 @@ class PartitionWriter:
             self.message.skipped += raw.num_rows
             return
         batch = normalise(raw, self.plan)
-        check_batch(batch, self.plan.topic_option, self.where, self.position, self.max_message, self.partitions)
+        check_batch(batch, self.plan.topic_option, self.where, self.position, self.max_message, self.partitions,
+                    self.max_message_name)
         self.position += batch.num_rows
         if self.marker_topic is None:
             self.marker_topic = batch.column("topic")[0].as_py()

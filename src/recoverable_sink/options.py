@@ -112,6 +112,8 @@ class SinkOptions:
     write_id: str | None = None
     guarantee: str = AT_LEAST_ONCE
     transactional_id_prefix: str = DEFAULT_TRANSACTIONAL_ID_PREFIX
+    # Set on the driver by preflight.fit_topic_limit: the topic option's max.message.bytes, when readable.
+    topic_max_message_bytes: int | None = None
     # Private fault injection for the test suite and the chaos campaign (``_test.*`` options); None for users.
     faults: FaultPlan | None = None
 

@@ -24,6 +24,10 @@ COLUMNS = ("key", "value", "topic", "partition", "headers", "timestamp")
 # (RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: the largest varints of length, timestamp and offset deltas, key and value
 # lengths and header count, plus the attributes byte).
 _RECORD_OVERHEAD = 36
+# A broker refuses a record batch larger than the topic's max.message.bytes. A batch of one record is at least
+# its key, value and headers plus 68 bytes (61 of v2 batch header, 7 of the smallest record framing), so a
+# record whose _RECORD_OVERHEAD-based size exceeds max.message.bytes - 32 is refused by the broker for sure.
+TOPIC_BATCH_FRAMING = 61 + 7 - _RECORD_OVERHEAD
 
 
 @dataclass(frozen=True)
@@ -77,12 +81,14 @@ def _first(mask: pa.Array) -> int | None:
 
 
 def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, first_position: int,
-                max_message_bytes: int, partition_count: Callable[[str], int]) -> None:
+                max_message_bytes: int, partition_count: Callable[[str], int],
+                limit_name: str | None = None) -> None:
     """Reject a normalised batch holding a record Kafka would refuse, before any of it enters the WAL.
 
     ``partition_count(topic)`` answers from the cluster's metadata (and raises a RecordError naming a topic
     that does not exist); it is asked once per distinct topic only when the batch routes by a topic column
-    or names explicit partitions.
+    or names explicit partitions. ``limit_name`` says where ``max_message_bytes`` comes from (default: the
+    producer's message.max.bytes).
 
     >>> b = pa.RecordBatch.from_pydict({"value": [b"x"], "partition": pa.array([-1], pa.int32())})
     >>> check_batch(b, "t", "partition 0", 10, 1000, lambda topic: 3)
@@ -112,10 +118,11 @@ def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, fir
     size = _record_sizes(batch)
     if (row := _first(pc.greater(size, max_message_bytes))) is not None:
         what = "key+value+headers" if "headers" in names else "key+value"
+        limit = limit_name or f"the producer's message.max.bytes={max_message_bytes}"
         raise RecordError(
             f"{where}, record {first_position + row}: {what} with the record framing is {size[row].as_py()} "
-            f"bytes, more than the producer's message.max.bytes={max_message_bytes}; raise "
-            "kafka.message.max.bytes (and the topic's max.message.bytes) or make the record smaller"
+            f"bytes, more than {limit}; raise "
+            "kafka.message.max.bytes and the topic's max.message.bytes, or make the record smaller"
         )
     if topics is None and "partition" not in names:
         return  # the topic option was checked on the driver

@@ -70,6 +70,50 @@ def check_cluster(options: SinkOptions) -> str:
         producer.flush(0)
 
 
+_LIBRDKAFKA_BATCH_SIZE = 1_000_000  # librdkafka's default batch.size; the Java client's is 16384
+
+
+def fit_topic_limit(options: SinkOptions) -> SinkOptions:
+    """Read the ``topic`` option's ``max.message.bytes`` so that tasks refuse a record the broker would refuse
+    before it enters the WAL, and keep librdkafka's batches within it: its default ``batch.size`` (1 MB, the
+    Java client's is 16 KB) makes every batch to a topic with a smaller limit fail as MSG_SIZE_TOO_LARGE.
+    Without a ``topic`` option, or without the right to describe the topic's configuration, the options come
+    back unchanged (the broker still refuses what is too large, and the WAL keeps it)."""
+    from dataclasses import replace
+
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    from recoverable_sink.options import client_config
+
+    if options.topic is None:
+        return options
+    resource = ConfigResource(ResourceType.TOPIC, options.topic)
+    try:
+        admin = AdminClient(client_config(options))
+        entry = admin.describe_configs([resource], request_timeout=options.preflight_timeout_s)[resource] \
+            .result().get("max.message.bytes")
+        limit = int(entry.value) if entry is not None and entry.value is not None else None
+    except (KafkaException, ValueError) as exc:
+        log.info("could not read topic %s's max.message.bytes (%s); the brokers still enforce it", options.topic,
+                 options.scrub(str(exc)))
+        return options
+    if limit is None:
+        return options
+    conf = options.producer_config()
+    if "batch.size" in conf:
+        if int(conf["batch.size"]) > limit:
+            raise OptionError(
+                f"option kafka.batch.size={conf['batch.size']} exceeds topic {options.topic}'s max.message.bytes="
+                f"{limit}: the broker would refuse every full batch; set kafka.batch.size to at most {limit}")
+        return replace(options, topic_max_message_bytes=limit)
+    extra: tuple[tuple[str, str], ...] = ()
+    if limit < _LIBRDKAFKA_BATCH_SIZE:
+        extra = (("batch.size", str(limit)),)
+        log.info("topic %s has max.message.bytes=%d: the producer's batch.size is set to it (librdkafka's default "
+                 "is %d)", options.topic, limit, _LIBRDKAFKA_BATCH_SIZE)
+    return replace(options, producer_items=options.producer_items + extra, topic_max_message_bytes=limit)
+
+
 def check_transactions(options: SinkOptions) -> None:
     """For delivery.guarantee=exactly_once: the brokers run transactions, this principal may use the sink's
     transactional ids and marker groups, and kafka.transaction.timeout.ms is within the brokers' maximum.

@@ -1,0 +1,1 @@
+"""Release helpers behind ``make dist``; not shipped."""
