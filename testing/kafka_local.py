@@ -141,6 +141,7 @@ class KafkaCluster:
         self.root = Path(root)
         self.n = num_brokers
         self.extra = dict(broker_props or {})
+        self.format_args: list[str] = []  # extra `kafka-storage format` arguments (e.g. --add-scram)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         saved = self._saved_ports()
         if saved is not None:  # started before, maybe by another process: the same ports
@@ -302,7 +303,8 @@ class KafkaCluster:
             self._write_props(node)
             if not (self.node_dir(node) / "data" / "meta.properties").exists():
                 fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                                "-c", str(self._props_file(node)), "--ignore-formatted"),
+                                                "-c", str(self._props_file(node)), "--ignore-formatted",
+                                                *self.format_args),
                                      capture_output=True, text=True, timeout=120)
                 if fmt.returncode != 0:
                     raise RuntimeError(f"formatting node {node} failed ({fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")

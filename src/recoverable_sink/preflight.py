@@ -4,8 +4,10 @@ the brokers answer, and the ``topic`` option names a topic that exists."""
 from __future__ import annotations
 
 import re
+import time
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import ClusterMetadata
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import OptionError, transaction_problem
@@ -35,39 +37,124 @@ def _option_name(property_name: str, options: SinkOptions) -> str:
     return f"kafka.{property_name}"
 
 
+_METADATA_TRY_S = 1.0  # metadata is asked in short tries, so an authentication or TLS failure ends the wait early
+
+
+def _connect_problem(err: KafkaError, options: SinkOptions) -> str | None:
+    """What to check for a connection error librdkafka reports that retrying will not cure."""
+    text = options.scrub(err.str())
+    if err.code() == KafkaError._AUTHENTICATION:
+        return (f"authentication with kafka.bootstrap.servers={options.bootstrap_servers} failed ({text}); check "
+                "kafka.sasl.mechanism, kafka.sasl.username and kafka.sasl.password (or kafka.sasl.jaas.config)")
+    if err.code() == KafkaError._SSL:
+        return (f"TLS with kafka.bootstrap.servers={options.bootstrap_servers} failed ({text}); check "
+                "kafka.ssl.ca.location (the CA that signed the brokers' certificates) and kafka.security.protocol")
+    return None
+
+
+def _metadata(producer: Producer, options: SinkOptions, errors: list[KafkaError]) -> ClusterMetadata:
+    deadline = time.monotonic() + options.preflight_timeout_s
+    while True:
+        try:
+            return producer.list_topics(options.topic,
+                                        timeout=max(0.1, min(_METADATA_TRY_S, deadline - time.monotonic())))
+        except KafkaException as exc:
+            producer.poll(0)  # serves error_cb: the cause of a failed connection
+            for err in errors:
+                if (problem := _connect_problem(err, options)) is not None:
+                    raise OptionError(problem) from None
+            if time.monotonic() >= deadline:
+                cause = errors[-1] if errors else exc.args[0]
+                raise OptionError(
+                    f"cannot reach kafka.bootstrap.servers={options.bootstrap_servers} within "
+                    f"{options.preflight_timeout_s:g}s ({options.scrub(cause.str())}); check the address, that the "
+                    "brokers are up and the kafka.security.* settings (preflight.timeoutMs sets the wait)"
+                ) from None
+
+
+def _check_write_allowed(options: SinkOptions) -> None:
+    """Under an authorizer, the principal must be allowed to WRITE to the topic: asked on the driver (the
+    topic's authorized operations, KIP-430) rather than learnt from every task's failed deliveries."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation, AdminClient
+
+    from recoverable_sink.options import client_config
+
+    assert options.topic is not None
+    try:
+        admin = AdminClient(client_config(options))
+        described = admin.describe_topics(TopicCollection([options.topic]), include_authorized_operations=True,
+                                          request_timeout=options.preflight_timeout_s)[options.topic].result()
+        allowed = described.authorized_operations
+    except KafkaException as exc:
+        log.info("could not read the operations allowed on topic %s (%s); the brokers still enforce them",
+                 options.topic, options.scrub(str(exc)))
+        return
+    if allowed and AclOperation.WRITE not in allowed and AclOperation.ALL not in allowed:
+        names = ", ".join(sorted(op.name for op in allowed))
+        raise OptionError(
+            f"option topic={options.topic}: the brokers do not allow this principal to WRITE to the topic (allowed: "
+            f"{names}); grant it WRITE on the topic (kafka-acls --add --allow-principal User:<name> --operation "
+            f"Write --topic {options.topic}), or use the credentials of a principal that has it")
+
+
 def check_cluster(options: SinkOptions) -> str:
     """Raise an OptionError naming the option at fault if a task could not possibly succeed; return the
     cluster id, part of every record's delivery identity (a write to another cluster never matches)."""
+    errors: list[KafkaError] = []
     try:
-        producer = Producer(options.producer_config())
+        producer = Producer({**options.producer_config(), "error_cb": errors.append})
     except KafkaException as exc:
         text = options.scrub(exc.args[0].str() if exc.args else str(exc))
         m = _PROPERTY.search(text)
         name = _option_name(m.group(1), options) if m else "a kafka.* option"
         raise OptionError(f"{name} is not valid for the producer (librdkafka): {text}; fix or remove it") from None
     try:
-        try:
-            metadata = producer.list_topics(options.topic, timeout=options.preflight_timeout_s)
-        except KafkaException as exc:
-            raise OptionError(
-                f"cannot reach kafka.bootstrap.servers={options.bootstrap_servers} within "
-                f"{options.preflight_timeout_s:g}s ({options.scrub(str(exc.args[0].str()))}); check the address, "
-                "that the brokers are up and the kafka.security.* settings (preflight.timeoutMs sets the wait)"
-            ) from None
+        metadata = _metadata(producer, options, errors)
         if options.topic is not None:
             topic = metadata.topics.get(options.topic)
             if topic is None or topic.error is not None:
+                if topic is not None and topic.error is not None \
+                        and topic.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise OptionError(
+                        f"option topic={options.topic}: the brokers do not let this principal see the topic "
+                        f"(TOPIC_AUTHORIZATION_FAILED); grant it DESCRIBE and WRITE on topic {options.topic}")
                 reason = topic.error.str() if topic is not None and topic.error is not None else "not in metadata"
                 raise OptionError(
                     f"option topic={options.topic}: the topic does not exist or is not accessible ({reason}); "
                     "create it first (the sink does not rely on broker auto-creation)"
                 )
+            _check_write_allowed(options)
         if not metadata.cluster_id:
             raise OptionError(f"kafka.bootstrap.servers={options.bootstrap_servers} did not report a cluster id; "
                               "the sink needs Kafka 0.10.1 or later")
+        _check_not_fatal(producer, errors, options)
         return metadata.cluster_id
     finally:
+        _close_quietly(producer, options)
+
+
+def _close_quietly(producer: Producer, options: SinkOptions) -> None:
+    """A probe producer's flush raises a fatal error already reported (or one that came late): the error being
+    raised, if any, is the one that explains."""
+    try:
         producer.flush(0)
+    except (KafkaException, SystemError) as exc:
+        log.debug("closing a preflight producer: %s", options.scrub(str(exc)))
+
+
+def _check_not_fatal(producer: Producer, errors: list[KafkaError], options: SinkOptions) -> None:
+    """A fatal producer error seen so far (say, no right to an idempotent producer id) would fail every task."""
+    try:
+        producer.poll(0)
+    except (KafkaException, SystemError):
+        pass  # a fatal error is also passed to error_cb
+    for err in errors:
+        if err.fatal():
+            hint = ("an idempotent producer needs WRITE on a topic or IDEMPOTENT_WRITE on the cluster: grant WRITE "
+                    "on the topic" if err.code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED else "see the Kafka error")
+            raise OptionError(f"the producer cannot work with these kafka.* settings: {err.name()}: "
+                              f"{options.scrub(err.str())}; {hint}")
 
 
 _LIBRDKAFKA_BATCH_SIZE = 1_000_000  # librdkafka's default batch.size; the Java client's is 16384
@@ -153,7 +240,7 @@ def check_transactions(options: SinkOptions) -> None:
         raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
     finally:
         if producer is not None:
-            producer.flush(0)
+            _close_quietly(producer, options)
     try:
         admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(probe)],
                                           request_timeout=timeout_s)[probe].result()
