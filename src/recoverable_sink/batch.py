@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 
@@ -49,7 +50,7 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         log_commit(f"write {self.write_id}", summary)
         write_summary(self.options.summary_path, "commit", self.write_id, summary)
         if self.options.write_id is None:
-            self._release_proof()
+            self._release_proof(messages)
             if self.options.exactly_once:
                 # A generated id is never re-run: its markers are of no further use. Under wal.writeId they stay
                 # (a re-run of a committed write then sends nothing) until offsets.retention.minutes.
@@ -58,23 +59,25 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
                 partitions = [m.partition for m in messages if isinstance(m, SinkCommitMessage)]
                 delete_markers(self.options, marker_groups(self.options, self.write_id, partitions))
 
-    def _release_proof(self) -> None:
+    def _release_proof(self, messages: list[WriterCommitMessage | None]) -> None:
         """A write under a generated id is never re-run, so once it is committed its proof of delivery is of no
-        use: drop it where the driver can reach it (local and local-cluster masters); executors on other hosts
-        drop it after wal.retentionHours."""
+        use: drop it where the driver can reach it (the WAL paths the tasks on this host reported: local and
+        local-cluster masters); executors on other hosts drop it after wal.retentionHours."""
         if not self.options.wal_enabled:
             return
-        path = self.options.resolved_wal_path()
-        if not os.path.exists(os.path.join(path, "data.mdb")):
-            return
+        here = socket.gethostname()
+        paths = {m.wal_path for m in messages if isinstance(m, SinkCommitMessage) and m.wal_path and m.host == here}
         from recoverable_sink.wal import open_wal
 
-        wal = open_wal(path)
-        wal.purge([a.key for a in wal.attempts(f"{self.write_id}/")])
+        for path in sorted(paths):
+            if os.path.exists(os.path.join(path, "data.mdb")):
+                wal = open_wal(path)
+                wal.purge([a.key for a in wal.attempts(f"{self.write_id}/")])
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         summary = summarize(messages)
-        wal_path = self.options.wal_path or "the default wal.path"
+        reported = [m.wal_path for m in messages if isinstance(m, SinkCommitMessage) and m.wal_path]
+        wal_path = self.options.wal_path or (reported[0] if reported else "the default wal.path")
         log_abort(f"write {self.write_id}", summary, wal_path, self.write_id,
                   f"re-run it with .option('wal.writeId', '{self.write_id}') once the cause is fixed: it sends only "
                   "what Kafka never acknowledged (recomputed from the source), or, where every unfinished partition "

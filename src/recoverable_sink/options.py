@@ -141,18 +141,40 @@ class SinkOptions:
         return self.producer_config()["bootstrap.servers"]
 
     def resolved_wal_path(self) -> str:
-        """The WAL directory on this host: the option, else ``$RECOVERABLE_KAFKA_WAL_PATH``, else one under
-        the user's home (not /tmp, which may not survive a reboot)."""
-        if self.wal_path:
-            return self.wal_path
-        env = os.environ.get("RECOVERABLE_KAFKA_WAL_PATH")
-        return env or os.path.join(os.path.expanduser("~"), ".recoverable_kafka", "wal")
+        """The WAL directory on this host (see :func:`default_wal_path` when the option is not set)."""
+        return self.wal_path or default_wal_path()
 
     def __repr__(self) -> str:  # the dataclass default would print secrets
         return (
             f"SinkOptions(topic={self.topic!r}, wal_path={self.wal_path!r}, wal_max_bytes={self.wal_max_bytes}, "
             f"wal_enabled={self.wal_enabled}, producer={self.redacted_producer_config()!r})"
         )
+
+
+WAL_DIR_NAME = "recoverable_kafka_wal"
+
+
+def default_wal_path(env: Mapping[str, str] | None = None) -> str:
+    """``$RECOVERABLE_KAFKA_WAL_PATH``; else a directory of the sink's own in Spark's local directory, the one
+    Spark gives the executor (``SPARK_LOCAL_DIRS`` in a Python worker names the executor's ``blockmgr-*``
+    directories, which go with the executor: the WAL goes one level up, beside them, so a retry in another
+    executor of the application on this host finds it); else one under the user's home.
+
+    >>> default_wal_path({"SPARK_LOCAL_DIRS": "/data1/app-7/blockmgr-1f2e,/data2/app-7/blockmgr-3c4d"})
+    '/data1/app-7/recoverable_kafka_wal'
+    >>> default_wal_path({"SPARK_LOCAL_DIRS": "/mnt/spark"})
+    '/mnt/spark/recoverable_kafka_wal'
+    >>> default_wal_path({"RECOVERABLE_KAFKA_WAL_PATH": "/var/lib/wal", "SPARK_LOCAL_DIRS": "/mnt/spark"})
+    '/var/lib/wal'
+    """
+    env = os.environ if env is None else env
+    if env.get("RECOVERABLE_KAFKA_WAL_PATH"):
+        return env["RECOVERABLE_KAFKA_WAL_PATH"]
+    local = env.get("SPARK_LOCAL_DIRS", "").split(",")[0].strip().rstrip("/")
+    if local:
+        base = os.path.dirname(local) if os.path.basename(local).startswith("blockmgr-") else local
+        return os.path.join(base, WAL_DIR_NAME)
+    return os.path.join(os.path.expanduser("~"), ".recoverable_kafka", "wal")
 
 
 def parse_size(name: str, value: str) -> int:

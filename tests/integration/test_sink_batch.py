@@ -152,3 +152,24 @@ def test_a_write_works_under_spark_executor_pyspark_memory(kafka, new_topic, tmp
         cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert count_records(kafka.bootstrap_servers, topic) == 20000
+
+
+def test_without_wal_path_the_wal_lives_in_sparks_local_dir_beside_the_executors_blockmgr_dirs(kafka, new_topic,
+                                                                                              tmp_path):
+    """No wal.path and no RECOVERABLE_KAFKA_WAL_PATH: the WAL goes to <spark local dir>/recoverable_kafka_wal, one
+    level above the executor's own blockmgr-* directory (which goes with the executor), and the driver releases
+    the committed write's proof of delivery there."""
+    topic = new_topic(2)
+    local = tmp_path / "spark-local"
+    local.mkdir()
+    env = {k: v for k, v in python_env().items() if k != "RECOVERABLE_KAFKA_WAL_PATH"}
+    env["SPARK_LOCAL_DIRS"] = str(local)
+    out = subprocess.run(
+        [sys.executable, "-m", "testing.chaos.jobs", "--master", "local[2]", "--rows", "5000", "--prefix", "ld",
+         "--bootstrap", kafka.bootstrap_servers, "--topic", topic, "--summary", str(tmp_path / "summary.jsonl")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert count_records(kafka.bootstrap_servers, topic) == 5000
+    wal_dir = local / "recoverable_kafka_wal"
+    assert (wal_dir / "data.mdb").exists(), sorted(p.name for p in local.iterdir())
+    assert open_wal(str(wal_dir)).attempts() == []
