@@ -29,6 +29,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -56,7 +57,47 @@ OPEN, LOGGED, DONE = "open", "logged", "done"
 
 _envs: dict[str, lmdb.Environment] = {}
 _env_files: dict[str, tuple[int, int] | None] = {}  # (device, inode) of each open environment's data.mdb
+_gates: dict[str, _Gate] = {}
 _envs_lock = threading.Lock()
+
+
+class _Gate:
+    """This process's transactions on one environment, and the rare change of its map size, which LMDB allows
+    only with no transaction open in the process (it remaps in place: another thread's reader would be left
+    holding pointers into the old map). Transactions are short and never nested in one thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._active = 0
+        self._resizing = False
+
+    @contextmanager
+    def txn(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._resizing:
+                self._cond.wait()
+            self._resizing = True
+            while self._active:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -128,9 +169,10 @@ def _payload_len(value: bytes) -> int:
 class Wal:
     """The write-ahead log in one directory. Obtain it with :func:`open_wal`."""
 
-    def __init__(self, path: str, env: lmdb.Environment) -> None:
+    def __init__(self, path: str, env: lmdb.Environment, gate: _Gate | None = None) -> None:
         self.path = path
         self.env = env
+        self._gate = gate if gate is not None else _Gate()
 
     # ---- attempts -------------------------------------------------------------------------------------
     def begin_attempt(self, write_id: str, partition: int, attempt: int, extra: dict[str, object]) -> str:
@@ -149,7 +191,7 @@ class Wal:
         """Attempts whose path starts with ``prefix`` (``"<write id>/"``, ``"<write id>/<partition>/"``)."""
         found: list[AttemptInfo] = []
         start = b"m/" + prefix.encode()
-        with self.env.begin() as txn:
+        with self._read() as txn:
             cursor = txn.cursor()
             if not cursor.set_range(start):
                 return found
@@ -312,7 +354,7 @@ class Wal:
         if not old:
             return SweepResult(0, 0)
         removable, kept = [], []
-        with self.env.begin() as txn:
+        with self._read() as txn:
             for a in old:
                 holds = any(not (_SEG_HEADER.unpack_from(v)[5] & _ALL_ACKED)
                             for _, _, v in self._segment_entries(txn, a.key))
@@ -328,7 +370,7 @@ class Wal:
         return SweepResult(removed=len(removable), kept_unacknowledged=len(kept))
 
     def used_bytes(self) -> int:
-        with self.env.begin() as txn:
+        with self._read() as txn:
             return int(txn.get(_USAGE_KEY) or b"0")
 
     def stats(self) -> WalStats:
@@ -336,7 +378,7 @@ class Wal:
         segment or bitmap entries whose attempt has no metadata (orphans: never replayed, safe to purge)."""
         attempts: set[bytes] = set()
         payload = orphans = 0
-        with self.env.begin() as txn:
+        with self._read() as txn:
             cursor = txn.cursor()
             if cursor.set_range(b"m/"):
                 for k in cursor.iternext(keys=True, values=False):
@@ -361,7 +403,7 @@ class Wal:
         """Decode an attempt's segments in position order, checking every checksum; ``payload=False`` skips
         decoding the records (digests and bitmaps only)."""
         start = b"s/" + attempt_key.encode() + b"/"
-        with self.env.begin() as txn:
+        with self._read() as txn:
             keys = []
             cursor = txn.cursor()
             if cursor.set_range(start):
@@ -370,7 +412,7 @@ class Wal:
                         break
                     keys.append(k)
         for k in keys:
-            with self.env.begin() as txn:
+            with self._read() as txn:
                 value = txn.get(k)
                 ack_value = txn.get(b"a/" + k[2:])
                 if value is None:
@@ -383,7 +425,7 @@ class Wal:
         for progress reports; :meth:`segments` checks every byte)."""
         start = b"s/" + attempt_key.encode() + b"/"
         total = 0
-        with self.env.begin() as txn:
+        with self._read() as txn:
             cursor = txn.cursor()
             if cursor.set_range(start):
                 for k, v in cursor.iternext():
@@ -443,11 +485,53 @@ class Wal:
 
     # ---- plumbing -------------------------------------------------------------------------------------
     def _write(self, body: Callable[[lmdb.Transaction], None]) -> None:
-        try:
-            with self.env.begin(write=True) as txn:
-                body(txn)
-        except lmdb.Error as exc:
-            raise _wal_error(self.path, exc) from None
+        """Run ``body`` in one write transaction; a full map is grown (up to :func:`map_size`) and the body run
+        again from scratch (the aborted transaction left nothing), so bodies must only touch the transaction."""
+        while True:
+            try:
+                with self._gate.txn(), self.env.begin(write=True) as txn:
+                    body(txn)
+                return
+            except lmdb.MapFullError as exc:
+                if not self._grow():
+                    raise _wal_error(self.path, exc) from None
+            except lmdb.MapResizedError:
+                self._adopt_size()
+            except lmdb.Error as exc:
+                raise _wal_error(self.path, exc) from None
+
+    @contextmanager
+    def _read(self) -> Iterator[lmdb.Transaction]:
+        while True:
+            with self._gate.txn():
+                try:
+                    txn = self.env.begin()
+                except lmdb.MapResizedError:
+                    txn = None
+                except lmdb.Error as exc:
+                    raise _wal_error(self.path, exc) from None
+                if txn is not None:
+                    with txn:
+                        yield txn
+                    return
+            self._adopt_size()
+
+    def _grow(self) -> bool:
+        """Double this process's map, up to the limit; False when it is at the limit already."""
+        with self._gate.exclusive():
+            current = self.env.info()["map_size"]
+            limit = map_size()
+            if current >= limit:
+                return False
+            new = min(limit, current * 2)
+            self.env.set_mapsize(new)
+        log.info("WAL %s: memory map grown from %d to %d MiB", self.path, current >> 20, new >> 20)
+        return True
+
+    def _adopt_size(self) -> None:
+        """Another process grew the map past ours (LMDB's MDB_MAP_RESIZED): take its size (set_mapsize(0))."""
+        with self._gate.exclusive():
+            self.env.set_mapsize(0)
 
 
 _RESERVE_BYTES = 4 << 20  # left free for the acknowledgement checkpoints (and compactions) after a refusal
@@ -477,15 +561,26 @@ def _check_room(path: str, size: int) -> None:
 
 
 def map_size() -> int:
-    """The LMDB map for this process: 1 TiB of address space (it costs nothing until written), unless the
-    address space is capped, as ``spark.executor.pyspark.memory`` caps each Python worker's (RLIMIT_AS, like
-    YARN's virtual-memory check); then a quarter of the cap, leaving the rest to Python, Arrow and librdkafka.
-    The Python workers of one executor share the cap, so they agree on the size."""
+    """The largest LMDB map this process grows to: 1 TiB of address space (it costs nothing until written),
+    unless the address space is capped, as ``spark.executor.pyspark.memory`` caps each Python worker's
+    (RLIMIT_AS, like YARN's virtual-memory check); then a quarter of the cap, leaving the rest to Python, Arrow
+    and librdkafka. The map starts small (:func:`_initial_map_size`) and doubles when full."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY:
         return _MAX_MAP_SIZE
     page = resource.getpagesize()
     return max(_MIN_MAP_SIZE, min(_MAX_MAP_SIZE, soft // 4 // page * page))
+
+
+def _initial_map_size(path: str) -> int:
+    """Twice what the data file holds now, at least 64 MiB, at most :func:`map_size`: under an address-space
+    cap the map reserves little until the WAL needs it."""
+    try:
+        used = os.path.getsize(os.path.join(path, "data.mdb"))
+    except OSError:
+        used = 0
+    page = resource.getpagesize()
+    return min(map_size(), max(_MIN_MAP_SIZE, (2 * used + page - 1) // page * page))
 
 
 def _wal_error(path: str, exc: BaseException) -> WalError:
@@ -532,7 +627,7 @@ def open_wal(path: str) -> Wal:
         env = _envs.get(path)
         if env is not None:
             if _same_file(path, _env_files[path]):
-                return Wal(path, env)
+                return Wal(path, env, _gates[path])
             # The directory was deleted or replaced (by an operator, a cleanup job) while this process held it
             # open: logging on into the old, unlinked file would lose every record with the process. Start
             # over on what is there now; the old handle is left to the tasks that may still hold it.
@@ -556,7 +651,7 @@ def open_wal(path: str) -> Wal:
             raise WalError(f"wal.path={path} is not writable by user {os.getuid()} on {socket.gethostname()}; "
                            "point wal.path at a writable executor-local directory")
         try:
-            env = lmdb.open(path, map_size=map_size(), subdir=True, sync=True, metasync=True, lock=True,
+            env = lmdb.open(path, map_size=_initial_map_size(path), subdir=True, sync=True, metasync=True, lock=True,
                             mode=0o600, max_readers=512, readahead=False)
         except lmdb.Error as exc:
             raise _wal_error(path, exc) from None
@@ -569,7 +664,8 @@ def open_wal(path: str) -> Wal:
             _envs.pop(next(iter(_envs))).close()
         _envs[path] = env
         _env_files[path] = _file_id(path)
-        return Wal(path, env)
+        _gates[path] = _Gate()
+        return Wal(path, env, _gates[path])
 
 
 def _file_id(path: str) -> tuple[int, int] | None:

@@ -141,9 +141,10 @@ def test_wal_off_still_delivers_everything(spark, kafka, new_topic, tmp_path):
 
 def test_a_write_works_under_spark_executor_pyspark_memory(kafka, new_topic, tmp_path):
     """spark.executor.pyspark.memory caps each Python worker's address space (RLIMIT_AS); a 1 TiB LMDB map
-    would not fit. A session of its own (the setting is fixed at start), in a child process. 4g, not 2g: at 4g a
-    worker peaked at 2.8 GB (the 1 GiB map, about 1.1 GB that pyarrow's mimalloc pool reserves when it can,
-    librdkafka's threads); at 2g whether mimalloc's reservation fits depends on timing, and one CI run ran out."""
+    would not fit; the map starts at 64 MiB and grows. A session of its own (the setting is fixed at start), in a
+    child process. 4g, not 2g: a worker peaks near 1.8 GB either way (about 1.1 GB of it pyarrow's mimalloc pool
+    reserving ahead when it can), and at 2g with the old 512 MiB map one CI run ran out; 4g leaves no doubt that a
+    failure here is the sink's."""
     topic = new_topic(2)
     out = subprocess.run(
         [sys.executable, "-m", "testing.chaos.jobs", "--master", "local[2]", "--rows", "20000", "--prefix", "pm",

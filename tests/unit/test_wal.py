@@ -226,3 +226,56 @@ def test_record_count_reads_the_segment_headers(wal_dir):
     append(wal, key, 0, batch([b"a", b"b"]))
     append(wal, key, 2, batch([b"c"]))
     assert wal.record_count(key) == sum(s.count for s in wal.segments(key)) == 3
+
+
+def test_the_map_starts_small_and_doubles_when_full_up_to_its_limit(wal_dir, monkeypatch):
+    """Under an address-space cap the map reserves little until the WAL needs it; past the limit a write fails
+    with WalFullError and the WAL keeps what it had."""
+    from recoverable_sink import wal as wal_module
+
+    monkeypatch.setattr(wal_module, "_MIN_MAP_SIZE", 1 << 20)
+    monkeypatch.setattr(wal_module, "map_size", lambda: 8 << 20)
+    wal = open_wal(wal_dir)
+    assert wal.env.info()["map_size"] == 1 << 20
+    key = wal.begin_attempt("w", 0, 0, {})
+    big = batch([os.urandom(1 << 20)])
+    for i in range(4):
+        append(wal, key, i, big, max_bytes=1 << 30)
+    assert wal.env.info()["map_size"] == 8 << 20
+    with pytest.raises(WalFullError, match="memory map is full"):
+        for i in range(4, 16):
+            append(wal, key, i, big, max_bytes=1 << 30)
+    assert [s.count for s in wal.segments(key)] == [1] * (wal.record_count(key))
+    assert wal.record_count(key) >= 4
+
+
+def test_a_map_grown_by_another_process_is_adopted(wal_dir, monkeypatch):
+    """Python workers share one WAL: when another one grows the map past this process's, LMDB says so
+    (MDB_MAP_RESIZED) and this process takes the new size instead of failing."""
+    from recoverable_sink import wal as wal_module
+
+    monkeypatch.setattr(wal_module, "_MIN_MAP_SIZE", 1 << 20)
+    wal = open_wal(wal_dir)
+    key = wal.begin_attempt("w", 0, 0, {})
+    append(wal, key, 0, batch([b"small"]))
+    assert wal.env.info()["map_size"] == 1 << 20
+    code = (
+        "import os, sys\n"
+        "import pyarrow as pa\n"
+        "from recoverable_sink import wal as w\n"
+        "from recoverable_sink.identity import record_digests\n"
+        "w._MIN_MAP_SIZE = 1 << 20\n"
+        "wal = w.open_wal(sys.argv[1])\n"
+        "key = wal.begin_attempt('other', 0, 0, {})\n"
+        "for i in range(6):\n"
+        "    b = pa.RecordBatch.from_arrays([pa.array([os.urandom(1 << 20)], pa.binary())], names=['value'])\n"
+        "    wal.append(key, i, b, record_digests(b, 't', 'c'), 1 << 30, {})\n"
+        "print(wal.env.info()['map_size'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, wal_dir], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) > 1 << 20
+    assert wal.record_count(wal.attempts("other/")[0].key) == 6  # reading past our old map adopts the new size
+    assert wal.env.info()["map_size"] == int(out.stdout)
+    append(wal, key, 1, batch([b"after"]), max_bytes=1 << 30)
+    assert [s.count for s in wal.segments(key)] == [1, 1]
