@@ -210,28 +210,39 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
         else [-1] * n
     timestamps = [0 if t is None else t for t in records.timestamps] if records.timestamps is not None \
         else [0] * n
-    headers = records.headers if records.headers is not None else [None] * n
+    headers = [h or None for h in records.headers] if records.headers is not None else [None] * n
     sent = 0
     with fatal_errors():
         try:
-            for i in range(n):
+            rows = zip(topics, values, keys, partitions, timestamps, headers, strict=True)
+            for i, (t, v, k, p, ts, h) in enumerate(rows):
                 if skip is not None and skip[i]:
                     continue
-                while True:
+                try:
                     try:
-                        send(topics[i], values[i], keys[i], partitions[i], partial(callback, seg_first, bitmap, i),
-                             None, timestamps[i], headers[i] or None)
-                        break
+                        send(t, v, k, p, partial(callback, seg_first, bitmap, i), None, ts, h)
                     except BufferError:
-                        poll(0.05)  # local queue full: serve delivery reports, then try again
-                    except KafkaException as exc:
-                        raise _refused(exc, seg_first + i, topics[i], partitions[i], scrub) from None
+                        _send_when_room(producer, t, v, k, p, partial(callback, seg_first, bitmap, i), ts, h)
+                except KafkaException as exc:
+                    raise _refused(exc, seg_first + i, t, p, scrub) from None
                 sent += 1
         finally:
             # Counted even when a record is refused midway: the failure path waits for these acknowledgements.
             tracker.produced += sent
         poll(0)
     return sent
+
+
+def _send_when_room(producer: Producer, *record: object) -> None:
+    """librdkafka's local queue is full: serve delivery reports until it takes the record (nothing is dropped)."""
+    topic, value, key, partition, callback, timestamp, headers = record
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(topic, value, key, partition, callback, None, timestamp, headers)
+            return
+        except BufferError:
+            continue
 
 
 def wait_for_acks(producer: Producer, tracker: DeliveryTracker, timeout_s: float) -> None:

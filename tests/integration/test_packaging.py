@@ -60,12 +60,14 @@ def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(k
     spark-submit finds format("recoverable_kafka"), and the tasks import the sink from that virtualenv."""
     wheel = build_wheel(tmp_path / "dist")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run([str(venv / "bin/pip"), "install", "-q", str(wheel)], check=True, timeout=900,
-                   capture_output=True, text=True)
-    # Nothing of the repository's: no PYTHONPATH, and the PYSPARK_* variables point at the new virtualenv.
+    # Nothing of the repository's: no PYTHONPATH (pip would take a path entry holding the sources for an
+    # installed copy and skip the wheel), and the PYSPARK_* variables point at the new virtualenv.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYSPARK_", "VIRTUAL_ENV"))}
     env |= {"PYSPARK_PYTHON": str(venv / "bin/python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin/python")}
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(wheel)], timeout=900, env=env,
+                             capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr[-3000:]
     out = submit(venv / "bin/spark-submit", venv / "bin/python", tmp_path, kafka, new_topic(), env=env)
     assert out["task_import"].startswith(str(venv / "lib")), out
     cli = subprocess.run([str(venv / "bin/recoverable-kafka-wal"), "list", "--path", str(tmp_path / "wal"), "--json"],
