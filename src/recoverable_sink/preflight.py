@@ -1,5 +1,7 @@
-"""Checks made on the driver before any task runs: the producer configuration is one librdkafka accepts,
-the brokers answer, and the ``topic`` option names a topic that exists."""
+"""Checks made on the driver before any task runs: the producer configuration is one librdkafka accepts, the
+brokers answer and accept the credentials and the CA, the ``topic`` option names a topic that exists and that
+this principal may write, librdkafka's batches fit the topic's ``max.message.bytes``, and (exactly_once) the
+transaction coordinator, ACLs and timeout allow transactions."""
 
 from __future__ import annotations
 
