@@ -317,6 +317,18 @@ class PartitionWriter:
     def _already_committed(self) -> SinkCommitMessage:
         assert self.txn is not None
         self.txn.close()
+        committed = (self.txn.marker or {}).get("records")
+        if isinstance(committed, int) and committed != self.position:
+            # Seen in the fault campaign: a task reading a shuffle whose upstream fetch failed saw its input end
+            # early, committed that part, and only then failed in the JVM. Skipping the partition would lose the
+            # rest, and without per-record proof this attempt cannot tell which records those are.
+            raise DeliveryError(
+                f"{self.where}: an earlier attempt committed {committed} records of this partition in its "
+                f"transaction, but the partition now has {self.position}: that attempt's input was cut short "
+                "(an upstream failure, e.g. a shuffle fetch) or the input changed. Not skipping it, which would "
+                "lose records: re-run the write under a new wal.writeId (Kafka then holds the committed records "
+                "twice), or delete the marker group named by transactional.id.prefix + write id + partition "
+                "after checking the topic")
         if self.wal is not None and self.priors:
             self.wal.purge([p.key for p in self.priors])  # whatever they logged is in Kafka
         self.message.received = self.position

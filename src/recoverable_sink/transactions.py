@@ -67,6 +67,7 @@ class PartitionTransaction:
         self.txn_id = transactional_id(options, write_id, partition)
         self.producer: Producer | None = None
         self.in_transaction = False
+        self.marker: dict | None = None  # the committed marker open() found, if any
 
     def _fail(self, exc: KafkaException, what: str) -> DeliveryError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -92,6 +93,7 @@ class PartitionTransaction:
         if marker is not None:
             log.info("%s: already committed in Kafka by an earlier attempt (%s); sending nothing", self.where,
                      marker)
+            self.marker = marker
             return True
         try:
             self.producer.begin_transaction()

@@ -120,3 +120,32 @@ def test_a_zombie_attempt_is_fenced_by_a_copy_on_another_host_and_nothing_repeat
 
     found = ids_in_topic(kafka.bootstrap_servers, topic, expected=3000)
     assert (len(found), sum(found.values())) == (3000, 3000)
+
+
+def test_a_committed_transaction_shorter_than_the_recomputed_partition_fails_instead_of_skipping(kafka, new_topic,
+                                                                                                tmp_path):
+    """Found by the fault campaign: a task reading a shuffle whose fetch failed saw its input end early and
+    committed only part of its partition. A retry that finds the committed marker must not skip the whole
+    partition when the marker's record count differs from what it recomputed: it fails, naming both counts."""
+    topic = new_topic(1)
+    plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
+    options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
+                             "transactional.id.prefix": "short-", "wal.path": str(tmp_path / "wal")})
+    cluster_id = check_cluster(options)
+    data = [pa.RecordBatch.from_pydict({"key": [b"%05d" % i for i in range(s, s + 500)], "value": [b"v"] * 500})
+            for s in range(0, 2000, 500)]
+    cut_short = PartitionWriter(options, plan, TaskIdentity("ws", 0, 0), cluster_id)
+    for batch in data[:2]:
+        cut_short.write(batch)
+    assert cut_short.commit().acknowledged == 1000
+
+    retry = PartitionWriter(options, plan, TaskIdentity("ws", 0, 1), cluster_id)
+    for batch in data:
+        retry.write(batch)
+    with pytest.raises(DeliveryError, match="committed 1000 records of this partition .* now has 2000"):
+        retry.commit()
+
+    same = PartitionWriter(options, plan, TaskIdentity("ws", 0, 2), cluster_id)
+    for batch in data[:2]:
+        same.write(batch)
+    assert same.commit().committed_before  # the same input as the committed attempt: skipped, as before
