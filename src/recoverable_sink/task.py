@@ -122,6 +122,7 @@ class PartitionWriter:
         # any host, and says whether one of them already committed the partition (then nothing is sent).
         self.txn: PartitionTransaction | None = None
         self.committed_before = False
+        self.committed: list[AttemptInfo] = []  # exactly_once: the attempts whose transactions hold records
         if options.exactly_once:
             self.txn = PartitionTransaction(options, ident.write_id, ident.partition, self.where)
             self.committed_before = self.txn.open(plan.topic_option)
@@ -147,9 +148,9 @@ class PartitionWriter:
             sweep_now_and_then(self.wal, options.retention_seconds)
             self.priors = self.wal.prior_attempts(ident.write_id, ident.partition)
             if not options.exactly_once:
-                # Under transactions an earlier attempt's acknowledged records count only if its transaction
-                # committed, which the marker tells (all or nothing): per-record proof is not used.
                 self.delivered = self.wal.delivered(self.priors)
+            elif self.committed_before:
+                self._resume_after_committed()
             if not self.committed_before:
                 self.attempt_key = self.wal.begin_attempt(
                     ident.write_id, ident.partition, ident.attempt,
@@ -160,6 +161,21 @@ class PartitionWriter:
                          self.where, len(self.priors), self.wal.path)
         self.message = SinkCommitMessage(write_id=ident.write_id, partition=ident.partition, attempt=ident.attempt,
                                          host=socket.gethostname(), wal_path=self.wal.path if self.wal else None)
+
+    def _resume_after_committed(self) -> None:
+        """exactly_once, a marker found: under transactions an earlier attempt's records count only if its
+        transaction committed, which the marker tells. If this WAL holds the digests of every attempt the
+        marker names, open a transaction for whatever of the recomputed partition they lack (nothing, unless an
+        earlier input was cut short); otherwise stay ``committed_before`` and only check the count at the end."""
+        assert self.txn is not None and self.wal is not None
+        names = self.txn.committed_attempts
+        by_name = {_attempt_name(p.key): p for p in self.priors}
+        if not names or any(n not in by_name for n in names):
+            return
+        self.committed = [by_name[n] for n in names]
+        self.delivered = self.wal.delivered(self.committed, all_acknowledged=True)
+        self.txn.begin()
+        self.committed_before = False
 
     # ---- the data path ---------------------------------------------------------------------------------
     def write(self, raw: pa.RecordBatch) -> None:
@@ -295,15 +311,7 @@ class PartitionWriter:
         message.acknowledged = tracker.acked
         message.diverged = self.delivered.left_over()
         if self.txn is not None:
-            # Between here and commit_transaction's return a kill leaves the outcome to the next attempt's
-            # init_transactions (it completes a commit under way, or aborts) and its marker read.
-            if self.marker_topic is not None and tracker.produced:
-                self.txn.commit(self.marker_topic, tracker.acked, _final_wait_s(self.options))
-                self.txn.close()
-            else:
-                self.txn.abort()  # nothing was sent: no transaction, no marker
-            if self.wal is not None and self.attempt_key is not None:
-                self.wal.purge([self.attempt_key, *(p.key for p in self.priors)])
+            self._commit_transaction(message)
         elif self.wal is not None and self.attempt_key is not None:
             self.wal.finish(self.attempt_key, [p.key for p in self.priors])
         message.seconds = time.monotonic() - self.started
@@ -314,6 +322,40 @@ class PartitionWriter:
                      message.diverged)
         return message
 
+    def _commit_transaction(self, message: SinkCommitMessage) -> None:
+        """exactly_once: commit what this attempt sent with the marker, which then names every attempt whose
+        transaction holds records of the partition. Their WAL digests stay as proof (released like
+        at_least_once's); attempts whose transactions did not commit are dropped."""
+        assert self.txn is not None
+        tracker = self.tracker
+        holders = list(self.committed)
+        # Between here and commit_transaction's return a kill leaves the outcome to the next attempt's
+        # init_transactions (it completes a commit under way, or aborts) and its marker read.
+        if self.marker_topic is not None and tracker.produced:
+            names = [_attempt_name(a.key) for a in holders]
+            if self.attempt_key is not None:
+                names.append(_attempt_name(self.attempt_key))
+            self.txn.commit(self.marker_topic, self.txn.committed_records + tracker.acked,
+                            _final_wait_s(self.options), names, self.wal.path if self.wal else None)
+            self.txn.close()
+            sent = True
+        else:
+            self.txn.abort()  # nothing was sent: no transaction, no new marker
+            sent = False
+        if holders:
+            message.committed_before = True
+            log.info("%s: earlier attempts committed %d records of this partition; this one sent the %d they "
+                     "lacked%s", self.where, self.txn.committed_records, tracker.acked,
+                     f" ({message.diverged} committed earlier are no longer in the input)" if message.diverged else "")
+        if self.wal is None or self.attempt_key is None:
+            return
+        kept = {a.key for a in holders}
+        dropped = [p.key for p in self.priors if p.key not in kept]
+        if sent:
+            self.wal.finish(self.attempt_key, [], dropped=dropped)
+        else:
+            self.wal.purge([self.attempt_key, *dropped])
+
     def _already_committed(self) -> SinkCommitMessage:
         assert self.txn is not None
         self.txn.close()
@@ -322,13 +364,17 @@ class PartitionWriter:
             # Seen in the fault campaign: a task reading a shuffle whose upstream fetch failed saw its input end
             # early, committed that part, and only then failed in the JVM. Skipping the partition would lose the
             # rest, and without per-record proof this attempt cannot tell which records those are.
+            marker = self.txn.marker or {}
+            proof = (f"; the digests that tell which records those are stay in WAL {marker.get('wal')} on host "
+                     f"{marker.get('host')}, and a retry there sends exactly the rest") if marker.get("wal") else ""
             raise DeliveryError(
-                f"{self.where}: an earlier attempt committed {committed} records of this partition in its "
-                f"transaction, but the partition now has {self.position}: that attempt's input was cut short "
-                "(an upstream failure, e.g. a shuffle fetch) or the input changed. Not skipping it, which would "
-                "lose records: re-run the write under a new wal.writeId (Kafka then holds the committed records "
-                "twice), or delete the marker group named by transactional.id.prefix + write id + partition "
-                "after checking the topic")
+                f"{self.where}: earlier attempts committed {committed} records of this partition in their "
+                f"transactions, but the partition now has {self.position}: an earlier input was cut short "
+                "(an upstream failure, e.g. a shuffle fetch) or the input changed, and this host's WAL "
+                f"{self.wal.path if self.wal else '(disabled)'} lacks their digests{proof}. Not skipping the "
+                "partition, which could lose records, nor re-sending it, which could repeat them: re-run the write "
+                "with the same wal.writeId where that WAL is, or under a new wal.writeId (Kafka then holds the "
+                "committed records twice)")
         if self.wal is not None and self.priors:
             self.wal.purge([p.key for p in self.priors])  # whatever they logged is in Kafka
         self.message.received = self.position
@@ -353,6 +399,11 @@ class PartitionWriter:
                 self.txn.abort()  # the records stay in the WAL; a re-run under the same id sends them
             else:
                 producers.discard(self.options)
+
+
+def _attempt_name(attempt_key: str) -> str:
+    """An attempt key without its write id and partition (unique on its own: time, attempt and a random part)."""
+    return attempt_key.rsplit("/", 1)[-1]
 
 
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,

@@ -12,11 +12,18 @@ the partition is already in Kafka, whatever host or input order it runs with.
 
 The marker lives in Kafka, not in the WAL: a retry on another host, with no local log, still finds it. The
 driver deletes the markers once Spark has committed the write (see ``batch`` and ``stream``).
+
+A marker also names the WAL attempts whose transactions hold the partition's records, and how many records
+they hold in all. An attempt whose input was cut short (a shuffle fetch that failed upstream ends the
+task's input early, and the task commits before the JVM reports the failure) commits only part of its
+partition; a retry on the same host reads those attempts' record digests and sends the rest in one more
+transaction under the same id (see ``task``). Without them, the retry refuses rather than guess.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
@@ -56,8 +63,9 @@ class PartitionTransaction:
     """The transactional producer of one (write, partition) attempt.
 
     ``open()`` fences every earlier attempt and answers whether the partition is already committed; if not,
-    a transaction is open and ``producer`` sends into it; ``commit(records)`` adds the marker and commits;
-    ``abort()`` gives up (the records stay in the WAL; a re-run sends them under the same id)."""
+    a transaction is open and ``producer`` sends into it (after a committed one, ``begin()`` opens one for the
+    records it missed); ``commit(...)`` adds the marker and commits; ``abort()`` gives up (the records stay in
+    the WAL; a re-run sends them under the same id)."""
 
     def __init__(self, options: SinkOptions, write_id: str, partition: int, where: str) -> None:
         self.options = options
@@ -95,12 +103,28 @@ class PartitionTransaction:
                      marker)
             self.marker = marker
             return True
+        self.begin()
+        return False
+
+    def begin(self) -> None:
+        assert self.producer is not None
         try:
             self.producer.begin_transaction()
         except KafkaException as exc:
             raise self._fail(exc, "begin_transaction") from None
         self.in_transaction = True
-        return False
+
+    @property
+    def committed_records(self) -> int:
+        """Records the committed transactions of this partition hold in all (0 without a marker)."""
+        records = (self.marker or {}).get("records", 0)
+        return records if isinstance(records, int) else 0
+
+    @property
+    def committed_attempts(self) -> list[str] | None:
+        """The WAL attempt keys whose transactions hold the partition (None: a marker without them)."""
+        attempts = (self.marker or {}).get("attempts")
+        return [str(a) for a in attempts] if isinstance(attempts, list) else None
 
     def read_marker(self) -> dict | None:
         """The marker committed with this partition's transaction, if any."""
@@ -128,11 +152,15 @@ class PartitionTransaction:
                     return {"offset": tp.offset}
         return None
 
-    def commit(self, marker_topic: str, records: int, timeout_s: float) -> None:
-        """Commit the data with the marker (one transaction); the producer has delivered every record."""
+    def commit(self, marker_topic: str, records: int, timeout_s: float, attempts: list[str],
+               wal: str | None) -> None:
+        """Commit the data with the marker (one transaction); the producer has delivered every record.
+        ``records`` and ``attempts`` count every committed transaction of the partition, this one included;
+        ``wal`` is where the attempts' digests are (named in a retry's error when it runs elsewhere)."""
         assert self.producer is not None
         metadata = json.dumps({"write_id": self.write_id, "partition": self.partition, "topic": marker_topic,
-                               "records": records, "committed_at": round(time.time(), 3)})
+                               "records": records, "attempts": attempts, "host": socket.gethostname(),
+                               "wal": wal, "committed_at": round(time.time(), 3)})
         consumer = Consumer({**client_config(self.options), "group.id": self.txn_id,
                              "enable.auto.commit": "false"})
         try:

@@ -213,13 +213,14 @@ class Wal:
                 "`recoverable-kafka-wal list`, then purge that attempt"
             ) from None
 
-    def delivered(self, attempts: list[AttemptInfo]) -> DeliveredSet:
+    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
         """What these attempts logged, and which of it Kafka acknowledged, as a multiset of record digests.
-        Digests include the cluster id and topic, so attempts towards another destination never match."""
+        Digests include the cluster id and topic, so attempts towards another destination never match.
+        ``all_acknowledged``: every logged record counts (attempts whose Kafka transaction committed)."""
         delivered = DeliveredSet()
         for attempt in attempts:
             for seg in self.segments(attempt.key, payload=False):
-                delivered.add(seg.digests, seg.acked)
+                delivered.add(seg.digests, None if all_acknowledged else seg.acked)
         return delivered
 
     def prior_attempts(self, write_id: str, partition: int) -> list[AttemptInfo]:
@@ -302,11 +303,12 @@ class Wal:
         txn.put(seg_key, _encode_segment(seg.first, kept, b"", _ALL_ACKED))
         return _payload_len(value)
 
-    def finish(self, attempt_key: str, superseded: list[str]) -> None:
+    def finish(self, attempt_key: str, superseded: list[str], dropped: list[str] | None = None) -> None:
         """A successful attempt: mark it done; drop what the attempts it superseded still hold beyond the
-        digests of records Kafka acknowledged to them (its own records were all acknowledged)."""
+        digests of records Kafka acknowledged to them (its own records were all acknowledged), and delete the
+        ``dropped`` attempts altogether, in the same transaction."""
         def body(txn: lmdb.Transaction) -> None:
-            freed = 0
+            freed = self._delete(txn, dropped or [])
             for key in superseded:
                 for seg_key, ack_key, value in self._segment_entries(txn, key):
                     if _SEG_HEADER.unpack_from(value)[5] & _ALL_ACKED:
@@ -332,17 +334,23 @@ class Wal:
 
         def body(txn: lmdb.Transaction) -> None:
             nonlocal freed
-            freed = 0
-            for key in attempt_keys:
-                txn.delete(b"m/" + key.encode())
-                for seg_key, ack_key, value in self._segment_entries(txn, key):
-                    freed += _payload_len(value)
-                    txn.delete(seg_key)
-                    txn.delete(ack_key)
+            freed = self._delete(txn, attempt_keys)
             used = int(txn.get(_USAGE_KEY) or b"0")
             txn.put(_USAGE_KEY, str(max(0, used - freed)).encode())
 
         self._write(body)
+        return freed
+
+    def _delete(self, txn: lmdb.Transaction, attempt_keys: list[str]) -> int:
+        """Delete attempts' metadata, segments and bitmaps; returns the payload bytes freed (the caller
+        updates the usage counter)."""
+        freed = 0
+        for key in attempt_keys:
+            txn.delete(b"m/" + key.encode())
+            for seg_key, ack_key, value in self._segment_entries(txn, key):
+                freed += _payload_len(value)
+                txn.delete(seg_key)
+                txn.delete(ack_key)
         return freed
 
     def sweep(self, retention_s: float, now: float | None = None) -> SweepResult:

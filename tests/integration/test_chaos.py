@@ -30,21 +30,7 @@ def chaos_env(spark, kafka, request, tmp_path_factory):
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
 
 
-# A known open bug (README, "Known gaps"): when an executor dies while a surviving task of the sink is fetching
-# its shuffle input from it, that task's input ends early, it commits the part it saw, and only then fails in
-# the JVM. The retry now refuses to skip the short partition (DeliveryError) instead of losing its rest
-# silently, so the write fails: the scenario fails whenever the kill lands that way.
-_KNOWN_BUGS = {("14", EO): "exactly_once commits a partition whose shuffle input was cut short by the executor "
-                           "kill; the retry now fails loudly instead of losing records (README, Known gaps)"}
-
-
-def _case(scenario, mode):
-    reason = _KNOWN_BUGS.get((scenario.id, mode))
-    marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
-    return pytest.param(scenario, mode, id=f"{scenario.id}-{mode}", marks=marks)
-
-
-@pytest.mark.parametrize(("scenario", "mode"), [_case(s, m) for s, m in _CASES])
+@pytest.mark.parametrize(("scenario", "mode"), [pytest.param(s, m, id=f"{s.id}-{m}") for s, m in _CASES])
 def test_fault_scenario(chaos_env, scenario, mode):
     trial = scenario.run(Lab(*chaos_env, guarantee=mode), random.Random(f"test-{scenario.id}"), 16_000)
     assert trial.passed, f"{scenario.title} [{mode}]: {trial}"

@@ -122,30 +122,66 @@ def test_a_zombie_attempt_is_fenced_by_a_copy_on_another_host_and_nothing_repeat
     assert (len(found), sum(found.values())) == (3000, 3000)
 
 
-def test_a_committed_transaction_shorter_than_the_recomputed_partition_fails_instead_of_skipping(kafka, new_topic,
-                                                                                                tmp_path):
+def test_a_retry_after_a_transaction_cut_short_sends_exactly_the_rest_in_any_order(kafka, new_topic, tmp_path):
     """Found by the fault campaign: a task reading a shuffle whose fetch failed saw its input end early and
-    committed only part of its partition. A retry that finds the committed marker must not skip the whole
-    partition when the marker's record count differs from what it recomputed: it fails, naming both counts."""
+    committed only part of its partition. A retry on the same host reads that attempt's digests and commits
+    exactly the records it lacked, whatever order its input comes in; a later attempt sends nothing."""
     topic = new_topic(1)
     plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
     options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
                              "transactional.id.prefix": "short-", "wal.path": str(tmp_path / "wal")})
     cluster_id = check_cluster(options)
-    data = [pa.RecordBatch.from_pydict({"key": [b"%05d" % i for i in range(s, s + 500)], "value": [b"v"] * 500})
-            for s in range(0, 2000, 500)]
+    keys = [b"%05d" % i for i in range(2000)]
+    keys[1500] = keys[10]  # a record twice in the input: matched as a multiset, so both copies land
+    data = [pa.RecordBatch.from_pydict({"key": keys[s:s + 500], "value": [b"v"] * 500}) for s in range(0, 2000, 500)]
     cut_short = PartitionWriter(options, plan, TaskIdentity("ws", 0, 0), cluster_id)
     for batch in data[:2]:
         cut_short.write(batch)
     assert cut_short.commit().acknowledged == 1000
 
     retry = PartitionWriter(options, plan, TaskIdentity("ws", 0, 1), cluster_id)
-    for batch in data:
-        retry.write(batch)
-    with pytest.raises(DeliveryError, match="committed 1000 records of this partition .* now has 2000"):
-        retry.commit()
+    for batch in reversed(data):  # as out of a shuffle: another order on a retry
+        retry.write(batch.take(pa.array(range(499, -1, -1))))
+    message = retry.commit()
+    assert (message.committed_before, message.published, message.skipped) == (True, 1000, 1000)
 
-    same = PartitionWriter(options, plan, TaskIdentity("ws", 0, 2), cluster_id)
+    late = PartitionWriter(options, plan, TaskIdentity("ws", 0, 2), cluster_id)
+    for batch in data:
+        late.write(batch)
+    assert (late.commit().published, late.message.skipped) == (0, 2000)
+
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=2000)
+    assert sum(found.values()) == 2000 and set(found.values()) == {1, 2} and found[keys[10].decode()] == 2
+
+
+def test_a_retry_elsewhere_after_a_transaction_cut_short_fails_instead_of_guessing(kafka, new_topic, tmp_path):
+    """The same cut-short transaction, retried where the WAL holding its digests is not: the retry cannot
+    tell which records are missing, so it fails naming both counts and where the digests are, and sends
+    nothing; a retry back on that host then completes the partition."""
+    topic = new_topic(1)
+    plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
+
+    def host(name):
+        return parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
+                              "transactional.id.prefix": "short-", "wal.path": str(tmp_path / name)})
+
+    cluster_id = check_cluster(host("a"))
+    data = [pa.RecordBatch.from_pydict({"key": [b"%05d" % i for i in range(s, s + 500)], "value": [b"v"] * 500})
+            for s in range(0, 2000, 500)]
+    cut_short = PartitionWriter(host("a"), plan, TaskIdentity("wo", 0, 0), cluster_id)
     for batch in data[:2]:
-        same.write(batch)
-    assert same.commit().committed_before  # the same input as the committed attempt: skipped, as before
+        cut_short.write(batch)
+    assert cut_short.commit().acknowledged == 1000
+
+    elsewhere = PartitionWriter(host("b"), plan, TaskIdentity("wo", 0, 1), cluster_id)
+    for batch in data:
+        elsewhere.write(batch)
+    with pytest.raises(DeliveryError, match=f"committed 1000 records .* now has 2000.*WAL {tmp_path / 'a'} on host"):
+        elsewhere.commit()
+
+    back = PartitionWriter(host("a"), plan, TaskIdentity("wo", 0, 2), cluster_id)
+    for batch in data:
+        back.write(batch)
+    assert back.commit().published == 1000
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=2000)
+    assert (len(found), sum(found.values())) == (2000, 2000)

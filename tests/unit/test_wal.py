@@ -171,6 +171,27 @@ def test_finish_keeps_only_acknowledged_digests_of_superseded_attempts(wal_dir):
     assert wal.used_bytes() == 0 == wal.stats().payload_bytes
 
 
+def test_finish_deletes_dropped_attempts_in_the_same_transaction(wal_dir):
+    wal = open_wal(wal_dir)
+    aborted = wal.begin_attempt("w1", 0, 0, {})
+    append(wal, aborted, 0, batch([b"a", b"b"]))
+    new = wal.begin_attempt("w1", 0, 1, {})
+    wal.finish(new, [], dropped=[aborted])
+    assert [(a.key, a.state) for a in wal.attempts("w1/")] == [(new, DONE)]
+    assert wal.used_bytes() == 0 == wal.stats().payload_bytes and wal.stats().orphaned_entries == 0
+
+
+def test_a_committed_attempt_counts_every_logged_record_as_delivered(wal_dir):
+    wal = open_wal(wal_dir)
+    key = wal.begin_attempt("w1", 0, 0, {})
+    b = batch([b"a", b"b"])
+    append(wal, key, 0, b)
+    [attempt] = wal.attempts("w1/")
+    digests = record_digests(b, "t", "c")
+    assert wal.delivered([attempt]).take([digests[:16], digests[16:]]).skip == [False, False]
+    assert wal.delivered([attempt], all_acknowledged=True).take([digests[16:], digests[:16]]).skip == [True, True]
+
+
 def test_sweep_removes_old_proof_but_never_unacknowledged_records(wal_dir):
     wal = open_wal(wal_dir)
     proof = wal.begin_attempt("done", 0, 0, {})
