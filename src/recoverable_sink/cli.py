@@ -153,6 +153,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
     acked_later = wal.delivered(later)
     counts = ReplayCounts()
     tracker = DeliveryTracker()
+    producer.tracker = tracker
     topic = attempt.extra.get("topic")
     for seg in wal.segments(attempt.key):
         counts.records += seg.count

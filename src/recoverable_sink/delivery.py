@@ -1,20 +1,27 @@
 """The Kafka producer side of a task (executor): a small per-process pool of librdkafka producers,
-per-record delivery tracking, and error classification.
+delivery tracking, and error classification.
 
 librdkafka does the retrying (retriable errors are retried until ``delivery.timeout.ms``), the idempotent
 ordering and the murmur2 partitioning; this module only records which records Kafka acknowledged.
+
+Producers report failed deliveries only (``delivery.report.only.error``): a per-record report and callback
+cost more than the rest of the send path. What Kafka acknowledged is learnt at **drains** instead: once the
+producer's queue is empty, every record handed over since the last drain is acknowledged, except those a
+failure report named (matched by content: topic, key and value). The task drains every checkpoint interval
+and at its end, so it knows as much as a per-record report would have told it at its checkpoints.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
+from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
@@ -30,6 +37,19 @@ _POOL_IDLE_S = 600.0  # like Spark's producer cache (spark.kafka.producer.cache.
 ProducerKey = tuple[tuple[str, str], ...]
 
 
+class TrackedProducer(Producer):
+    """A librdkafka producer whose only delivery reports are failures, handed to the tracker of the task
+    using it (``tracker``, set by the task: producers are reused across the tasks of a Python worker)."""
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.tracker: DeliveryTracker | None = None
+        super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": self._failed})
+
+    def _failed(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None and self.tracker is not None:
+            self.tracker.on_failure(err, msg)
+
+
 class ProducerPool:
     """Producers by configuration, reused across the tasks a Python worker runs (connection set-up is paid
     once per worker, not once per task). At most ``max_size`` are kept; one idle for ``idle_s`` is flushed
@@ -38,10 +58,10 @@ class ProducerPool:
     def __init__(self, max_size: int = _POOL_MAX, idle_s: float = _POOL_IDLE_S) -> None:
         self.max_size = max_size
         self.idle_s = idle_s
-        self._producers: dict[ProducerKey, tuple[Producer, float]] = {}
+        self._producers: dict[ProducerKey, tuple[TrackedProducer, float]] = {}
         self._lock = threading.Lock()
 
-    def get(self, options: SinkOptions) -> Producer:
+    def get(self, options: SinkOptions) -> TrackedProducer:
         now = time.monotonic()
         with self._lock:
             expired = [k for k, (_, used) in self._producers.items() if now - used > self.idle_s]
@@ -51,7 +71,7 @@ class ProducerPool:
                     expired.append(min((k for k in self._producers if k not in expired),
                                        key=lambda k: self._producers[k][1]))
                 try:
-                    producer = Producer(options.producer_config())
+                    producer = TrackedProducer(options.producer_config())
                 except KafkaException as exc:
                     raise DeliveryError(f"cannot create the Kafka producer: {options.scrub(str(exc))}") from None
             else:
@@ -100,8 +120,20 @@ def delivery_timeout_s(options: SinkOptions) -> float:
 
 
 @dataclass
+class _Handed:
+    """One segment's records handed to the producer since the last drain."""
+
+    seg_first: int
+    bitmap: bytearray
+    skip: list[bool] | None  # per record: not handed over (already delivered)
+    upto: int  # records [0, upto) were handed over or skipped (fewer than all when one was refused)
+    topic: str | None  # the topic of records without a topic of their own
+    records: Callable[[], KafkaRecords]  # recomputes the records, to match failure reports (rare)
+
+
+@dataclass
 class DeliveryTracker:
-    """What Kafka acknowledged, by segment: one bitmap per segment, one byte per record."""
+    """What Kafka acknowledged, by segment: one bitmap per segment, one byte per record, filled at drains."""
 
     bitmaps: dict[int, bytearray] = field(default_factory=dict)
     dirty: set[int] = field(default_factory=set)
@@ -109,17 +141,42 @@ class DeliveryTracker:
     acked: int = 0
     failed: int = 0
     errors: list[tuple[str, int, KafkaError]] = field(default_factory=list)
+    window: list[_Handed] = field(default_factory=list)  # handed over since the last drain
+    failures: Counter[tuple[str | None, bytes | None, bytes | None]] = field(default_factory=Counter)
 
-    def on_delivery(self, seg_first: int, bitmap: bytearray, index: int, err: KafkaError | None,
-                    msg: object) -> None:
-        if err is None:
-            bitmap[index] = 1
-            self.acked += 1
-            self.dirty.add(seg_first)
-        else:
-            self.failed += 1
-            if len(self.errors) < 20:
-                self.errors.append((msg.topic(), msg.partition(), err))  # type: ignore[attr-defined]
+    def on_failure(self, err: KafkaError, msg: Message) -> None:
+        self.failed += 1
+        self.failures[(msg.topic(), msg.key(), msg.value())] += 1
+        if len(self.errors) < 20:
+            self.errors.append((msg.topic(), msg.partition(), err))
+
+    def handed(self, handed: _Handed, count: int) -> None:
+        self.produced += count
+        if count:
+            self.window.append(handed)
+
+    def drained(self) -> None:
+        """The producer's queue is empty: every record handed over since the last drain was acknowledged
+        unless a failure report named its content (every record of that content then counts as failed:
+        possibly one more copy sent again, never one lost)."""
+        for handed in self.window:
+            bitmap = handed.bitmap
+            if self.failures:
+                records = handed.records()
+                n = len(records)
+                rows = zip(records.topics or [handed.topic] * n, records.keys or [None] * n, records.values,
+                           strict=True)
+                for i, (t, k, v) in enumerate(rows):
+                    if i >= handed.upto:
+                        break
+                    if (t, _b(k), _b(v)) not in self.failures:
+                        bitmap[i] = 1
+            else:
+                bitmap[:handed.upto] = b"\x01" * handed.upto
+            self.dirty.add(handed.seg_first)
+        self.window.clear()
+        self.failures.clear()
+        self.acked = self.produced - self.failed
 
     @property
     def outstanding(self) -> int:
@@ -150,6 +207,11 @@ class DeliveryTracker:
         return f"topic {topic} {where}: {err.name()} ({kind}): {err.str()}{more}"
 
 
+def _b(data: object) -> bytes | None:
+    """A field as the producer sent it (str is sent as UTF-8)."""
+    return data.encode() if isinstance(data, str) else data  # type: ignore[return-value]
+
+
 @contextmanager
 def fatal_errors() -> Iterator[None]:
     """Turn a fatal producer error raised out of ``poll``/``flush`` into :class:`FatalProducerError`.
@@ -166,10 +228,22 @@ def fatal_errors() -> Iterator[None]:
         raise FatalProducerError(f"fatal producer error: {err.name()}: {err.str()}") from None
 
 
-def serve(producer: Producer) -> None:
-    """Serve delivery reports that are ready, without waiting."""
+def serve(producer: Producer, tracker: DeliveryTracker) -> None:
+    """Serve reports that are ready, without waiting; an empty queue is a drain."""
     with fatal_errors():
         producer.poll(0)
+    if tracker.window and len(producer) == 0:
+        tracker.drained()
+
+
+def drain(producer: Producer, tracker: DeliveryTracker, timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for the producer's queue to empty (serving failure reports), then learn what
+    was acknowledged. Returns whether it emptied."""
+    with fatal_errors():
+        left = producer.flush(timeout_s)
+    if left == 0:
+        tracker.drained()
+    return left == 0
 
 
 def _refused(exc: KafkaException, position: int, topic: str | None, partition: int,
@@ -186,12 +260,14 @@ def _refused(exc: KafkaException, position: int, topic: str | None, partition: i
 
 
 def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_first: int,
-            skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
+            skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str],
+            recompute: Callable[[], KafkaRecords] | None = None) -> int:
     """Hand one segment's records to the producer, except those marked in ``skip`` (already delivered),
-    which are recorded as acknowledged. Returns how many were handed over.
+    which are recorded as acknowledged. Returns how many were handed over. ``recompute`` gives the records
+    again if a failure report must be matched (default: keep ``records`` until the next drain).
 
-    Blocks (serving delivery reports) while librdkafka's local queue is full: nothing is dropped. This is
-    the hot loop of the sink: one ``produce`` call and one small callback object per record."""
+    Blocks (serving reports) while librdkafka's local queue is full: nothing is dropped. This is the hot
+    loop of the sink: one ``produce`` call per record, no per-record callback."""
     n = len(records)
     bitmap = bytearray(n)
     tracker.bitmaps[seg_first] = bitmap
@@ -200,18 +276,18 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
             if skip[i]:
                 bitmap[i] = 1
         tracker.dirty.add(seg_first)
-    callback, send, poll = tracker.on_delivery, producer.produce, producer.poll
+    send = producer.produce
     values = records.values
     keys = records.keys if records.keys is not None else [None] * n
     topics = records.topics if records.topics is not None else [topic] * n
     # Positional arguments (cheaper than keywords): topic, value, key, partition (-1: the partitioner picks),
-    # on_delivery, callback (unused alias), timestamp (0: unset), headers.
+    # on_delivery (None: the producer's failure report), callback (unused alias), timestamp (0: unset), headers.
     partitions = [-1 if p is None else p for p in records.partitions] if records.partitions is not None \
         else [-1] * n
     timestamps = [0 if t is None else t for t in records.timestamps] if records.timestamps is not None \
         else [0] * n
     headers = [h or None for h in records.headers] if records.headers is not None else [None] * n
-    sent = 0
+    sent, i, completed = 0, 0, False
     with fatal_errors():
         try:
             rows = zip(topics, values, keys, partitions, timestamps, headers, strict=True)
@@ -220,38 +296,40 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
                     continue
                 try:
                     try:
-                        send(t, v, k, p, partial(callback, seg_first, bitmap, i), None, ts, h)
+                        send(t, v, k, p, None, None, ts, h)
                     except BufferError:
-                        _send_when_room(producer, t, v, k, p, partial(callback, seg_first, bitmap, i), ts, h)
+                        _send_when_room(producer, t, v, k, p, ts, h)
                 except KafkaException as exc:
                     raise _refused(exc, seg_first + i, t, p, scrub) from None
                 sent += 1
+            completed = True
         finally:
-            # Counted even when a record is refused midway: the failure path waits for these acknowledgements.
-            tracker.produced += sent
-        poll(0)
+            # Counted even when a record is refused midway (record i and those after it were not handed over):
+            # the failure path waits for the acknowledgements of those before it.
+            tracker.handed(_Handed(seg_first, bitmap, skip, n if completed else i, topic,
+                                   recompute or (lambda: records)), sent)
+        producer.poll(0)
     return sent
 
 
 def _send_when_room(producer: Producer, *record: object) -> None:
-    """librdkafka's local queue is full: serve delivery reports until it takes the record (nothing is dropped)."""
-    topic, value, key, partition, callback, timestamp, headers = record
+    """librdkafka's local queue is full: serve reports until it takes the record (nothing is dropped)."""
+    topic, value, key, partition, timestamp, headers = record
     while True:
         producer.poll(0.05)
         try:
-            producer.produce(topic, value, key, partition, callback, None, timestamp, headers)
+            producer.produce(topic, value, key, partition, None, None, timestamp, headers)
             return
         except BufferError:
             continue
 
 
 def wait_for_acks(producer: Producer, tracker: DeliveryTracker, timeout_s: float) -> None:
-    """Flush until every handed-over record is acknowledged or has failed, with a deadline past
+    """Drain until every handed-over record is acknowledged or has failed, with a deadline past
     librdkafka's own delivery timeout (after which it reports every undelivered record as failed)."""
     deadline = time.monotonic() + timeout_s
     while tracker.outstanding > 0:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        with fatal_errors():
-            producer.flush(min(1.0, remaining))
+        drain(producer, tracker, min(1.0, remaining))

@@ -47,6 +47,7 @@ def _final_wait_s(options: SinkOptions) -> float:
 
 
 _CHECKPOINT_EVERY_S = 0.5  # acknowledgements reach the WAL at least this often, so a hard kill repeats little
+_DRAIN_WAIT_S = 1.0  # how long a checkpoint waits for the producer's queue to empty before producing on
 
 _wal_threads: list[ThreadPoolExecutor] = []
 
@@ -133,6 +134,7 @@ class PartitionWriter:
         self.max_message, self.max_message_name = _size_limit(options)
         self.partitions = _Partitions(self.producer, self.where)
         self.tracker = DeliveryTracker()
+        self.producer.tracker = self.tracker  # its failure reports come here
         self.position = 0  # records read from Spark
         self.logged = 0  # records handed to the WAL (the ones this attempt must send)
         self._pending: _Pending | None = None
@@ -234,8 +236,10 @@ class PartitionWriter:
         if pending.stored is not None:
             self.message.wal_bytes += pending.stored.result()
         try:
-            self.message.published += produce(self.producer, to_records(pending.batch), self.plan.topic_option,
-                                              pending.first, None, self.tracker, self.options.scrub)
+            batch = pending.batch
+            self.message.published += produce(self.producer, to_records(batch), self.plan.topic_option,
+                                              pending.first, None, self.tracker, self.options.scrub,
+                                              lambda: to_records(batch))
         except (DeliveryError, RecordError) as exc:
             raise self._located(exc) from None
         end = pending.first + pending.batch.num_rows
@@ -244,7 +248,7 @@ class PartitionWriter:
                                     self.message.skipped + end,
                                     lambda: self._checkpoint(wait_s=delivery_timeout_s(self.options)))
         if time.monotonic() - self._last_checkpoint > _CHECKPOINT_EVERY_S:
-            self._checkpoint(wait_s=0.0)
+            self._checkpoint(wait_s=_DRAIN_WAIT_S)  # a drain: what the producer holds is acknowledged or failed
 
     def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
         hint = ""
@@ -265,8 +269,8 @@ class PartitionWriter:
             self.wal.save_acks(self.attempt_key, self._take_dirty())
 
     def _checkpoint(self, wait_s: float) -> None:
-        """Persist what Kafka acknowledged so far; with ``wait_s``, wait up to that long for the rest, persisting
-        every ``_CHECKPOINT_EVERY_S`` meanwhile (a kill during a long final flush repeats little)."""
+        """Persist what Kafka acknowledged so far; with ``wait_s``, drain: wait up to that long for the rest,
+        persisting every ``_CHECKPOINT_EVERY_S`` meanwhile (a kill during a long final flush repeats little)."""
         deadline = time.monotonic() + wait_s
         while True:
             remaining = deadline - time.monotonic()
@@ -274,7 +278,7 @@ class PartitionWriter:
                 if remaining > 0 and self.tracker.outstanding:
                     wait_for_acks(self.producer, self.tracker, min(remaining, _CHECKPOINT_EVERY_S))
                 else:
-                    serve(self.producer)
+                    serve(self.producer, self.tracker)
             except FatalProducerError as exc:
                 self._save_acks()  # the acknowledgements served before the producer died still count
                 raise self._located(exc) from None

@@ -26,11 +26,11 @@ import json
 import socket
 import time
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.delivery import delivery_timeout_s
+from recoverable_sink.delivery import TrackedProducer, delivery_timeout_s
 from recoverable_sink.errors import DeliveryError, transaction_problem
 from recoverable_sink.options import SinkOptions, client_config
 
@@ -73,7 +73,7 @@ class PartitionTransaction:
         self.partition = partition
         self.where = where
         self.txn_id = transactional_id(options, write_id, partition)
-        self.producer: Producer | None = None
+        self.producer: TrackedProducer | None = None
         self.in_transaction = False
         self.marker: dict | None = None  # the committed marker open() found, if any
 
@@ -89,7 +89,7 @@ class PartitionTransaction:
         checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once."""
         conf = {**self.options.producer_config(), "transactional.id": self.txn_id}
         try:
-            self.producer = Producer(conf)
+            self.producer = TrackedProducer(conf)
             self.producer.init_transactions(_init_timeout_s(self.options))
         except KafkaException as exc:
             raise self._fail(exc, "init_transactions") from None
@@ -99,7 +99,7 @@ class PartitionTransaction:
                      marker.get("topic"), topic)
             marker = None
         if marker is not None:
-            log.info("%s: already committed in Kafka by an earlier attempt (%s); sending nothing", self.where,
+            log.info("%s: an earlier attempt committed this partition in Kafka (%s)", self.where,
                      marker)
             self.marker = marker
             return True

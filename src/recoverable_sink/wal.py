@@ -299,7 +299,10 @@ class Wal:
         if value is None:
             return 0
         seg = self._decode(seg_key.decode(), value, None, payload=False)
-        kept = b"".join(seg.digests[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE] for i in range(seg.count) if acked[i])
+        if all(acked):
+            kept = seg.digests
+        else:
+            kept = b"".join(seg.digests[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE] for i in range(seg.count) if acked[i])
         txn.put(seg_key, _encode_segment(seg.first, kept, b"", _ALL_ACKED))
         return _payload_len(value)
 

@@ -31,10 +31,17 @@ class _Msg:
     def partition(self) -> int:
         return self._sent.partition
 
+    def key(self) -> bytes | None:
+        return self._sent.key
+
+    def value(self) -> bytes | None:
+        return self._sent.value
+
 
 @dataclass
 class FakeProducer:
-    """Queues records; ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``.
+    """Queues records; ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``,
+    reporting failures only, as the sink's producers do (``delivery.report.only.error``), to ``tracker``.
     ``fail`` makes every delivery fail with that error instead. After ``fatal_after`` acknowledgements the
     producer turns fatal, the way confluent-kafka shows it: the first call raises a SystemError caused by the
     fatal KafkaException (a delivery callback ran with the error set), later calls the KafkaException."""
@@ -44,14 +51,19 @@ class FakeProducer:
     fail: KafkaError | None = None
     fatal_after: int | None = None
     fatal: bool = False
-    queue: list[tuple[Sent, Callable[..., Any]]] = field(default_factory=list)
+    expire: bool = False  # past ack_budget, flush reports the rest as timed out (as delivery.timeout.ms does)
+    queue: list[Sent] = field(default_factory=list)
     delivered: list[Sent] = field(default_factory=list)
+    tracker: Any = None
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
                 on_delivery: Callable[..., Any] | None = None, callback: object = None, timestamp: int = 0,
                 headers: list | None = None) -> None:
-        assert on_delivery is not None
-        self.queue.append((Sent(topic, value, key, partition, timestamp, headers), on_delivery))
+        assert on_delivery is None, "the sink relies on failure-only reports, not a per-record callback"
+        self.queue.append(Sent(topic, value, key, partition, timestamp, headers))
+
+    def __len__(self) -> int:
+        return len(self.queue)
 
     def _fatal(self) -> None:
         error = KafkaException(KafkaError(KafkaError._FENCED, "fenced by newer producer instance", fatal=True))
@@ -69,14 +81,13 @@ class FakeProducer:
         while self.queue and (self.ack_budget is None or self.ack_budget > 0):
             if self.fatal_after is not None and len(self.delivered) >= self.fatal_after:
                 self._fatal()
-            sent, callback = self.queue.pop(0)
+            sent = self.queue.pop(0)
             if self.fail is not None:
-                callback(self.fail, _Msg(sent))
+                self.tracker.on_failure(self.fail, _Msg(sent))
                 continue
             if self.ack_budget is not None:
                 self.ack_budget -= 1
             self.delivered.append(sent)
-            callback(None, _Msg(sent))
         return len(self.queue)
 
     def poll(self, timeout: float = 0) -> int:
@@ -84,7 +95,13 @@ class FakeProducer:
         return 0
 
     def flush(self, timeout: float = 0) -> int:
-        return self._serve()
+        left = self._serve()
+        if left and self.expire:
+            timed_out = KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out")
+            for sent in self.queue:
+                self.tracker.on_failure(timed_out, _Msg(sent))
+            self.queue.clear()
+        return len(self.queue)
 
     def purge(self) -> None:
         self.queue.clear()

@@ -36,15 +36,26 @@ def rows(n: int) -> list[bytes]:
     return [b"r%05d" % i for i in range(n)]
 
 
-def crash_after(opts, producer: FakeProducer, data: list[bytes], attempt: int = 0, plan: SchemaPlan = PLAN,
+def crash_after(opts, data: list[bytes], acked: int | None = None, attempt: int = 0, plan: SchemaPlan = PLAN,
                 write_id: str = "w") -> None:
-    """An attempt that logs and produces everything, checkpoints what the producer acknowledged, then dies
-    (no commit, no abort: as after SIGKILL)."""
+    """An attempt that logs and produces ``data[:acked]``, drains (the producer acknowledges all of it),
+    then logs and produces the rest, which the producer never acknowledges, and dies (no commit, no abort:
+    as after SIGKILL)."""
+    acked = len(data) if acked is None else acked
+    producer = FakeProducer()
     writer = PartitionWriter(opts, plan, TaskIdentity(write_id, 0, attempt), "c1", producer=producer)
-    for b in batches(data):
-        writer.write(b)
-    if writer._pending is not None:
-        writer._produce(writer._pending)
+
+    def send(part: list[bytes]) -> None:
+        for b in batches(part):
+            writer.write(b)
+        if writer._pending is not None:
+            writer._produce(writer._pending)
+            writer._pending = None
+
+    send(data[:acked])
+    writer._checkpoint(wait_s=1.0)
+    producer.ack_budget = 0
+    send(data[acked:])
     writer._checkpoint(wait_s=0.01)
 
 
@@ -70,7 +81,7 @@ def test_first_attempt_leaves_only_digests_as_proof_of_delivery(wal_dir):
 
 def test_retry_reading_its_input_in_another_order_sends_only_what_was_never_acknowledged(wal_dir):
     opts, data = options(wal_dir), rows(1000)
-    crash_after(opts, FakeProducer(ack_budget=430), data)
+    crash_after(opts, data, acked=430)
     shuffled = data[:]
     random.Random(7).shuffle(shuffled)
     retry = FakeProducer()
@@ -83,7 +94,7 @@ def test_retry_reading_its_input_in_another_order_sends_only_what_was_never_ackn
 def test_equal_records_count_as_a_multiset(wal_dir):
     opts = options(wal_dir)
     data = [b"same"] * 300 + rows(200)
-    crash_after(opts, FakeProducer(ack_budget=250), data)  # 250 of the 300 copies acknowledged
+    crash_after(opts, data, acked=250)  # 250 of the 300 copies acknowledged
     retry = FakeProducer()
     message = finish(opts, retry, data[::-1], attempt=1)
     assert message.skipped == 250
@@ -93,7 +104,7 @@ def test_equal_records_count_as_a_multiset(wal_dir):
 
 def test_another_topic_or_cluster_never_matches(wal_dir):
     opts = options(wal_dir)
-    crash_after(opts, FakeProducer(), rows(300))
+    crash_after(opts, rows(300))
     other_topic = SchemaPlan(columns=("key", "value"), topic_option="b")
     to_b = FakeProducer()
     assert finish(options(wal_dir, topic="b"), to_b, rows(300), attempt=1, plan=other_topic).skipped == 0
@@ -110,25 +121,29 @@ def test_rerun_of_a_finished_write_sends_nothing(wal_dir):
     assert (message.skipped, message.published, again.delivered) == (500, 0, [])
 
 
-def test_a_fatal_producer_error_mid_flush_fails_the_task_naming_it_and_a_retry_sends_only_the_rest(wal_dir):
+def test_a_fatal_producer_error_fails_the_task_naming_it_and_a_retry_skips_what_was_drained_before_it(wal_dir):
+    """Acknowledgements are learnt at drains: the 300 records drained before the fatal error are skipped by
+    the retry; the 200 acknowledged after it were never reported, so they are sent again (never lost)."""
     opts = options(wal_dir)
-    first = FakeProducer(fatal_after=250)
+    first = FakeProducer(fatal_after=500)
     writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=first)
     fatal = r"partition 0 \(attempt 0\) of write w: fatal producer error: _FENCED"
     with pytest.raises(FatalProducerError, match=fatal):
-        for b in batches(rows(1000)):
+        for i, b in enumerate(batches(rows(1000))):
             writer.write(b)
+            if i == 3:  # batches 0-2 handed over, drained at a checkpoint
+                writer._checkpoint(wait_s=1.0)
         writer.commit()
     writer.abort()
     second = FakeProducer()
     finish(opts, second, rows(1000), attempt=1)
-    assert len(second.delivered) == 750
-    assert sorted(first.values() + second.values()) == rows(1000)
+    assert len(second.delivered) == 700
+    assert set(first.values() + second.values()) == set(rows(1000))
 
 
 def test_records_delivered_earlier_but_not_recomputed_are_reported_as_diverged(wal_dir):
     opts = options(wal_dir)
-    crash_after(opts, FakeProducer(ack_budget=100), rows(200))
+    crash_after(opts, rows(200), acked=100)
     message = finish(opts, FakeProducer(), rows(200)[50:] + [b"new"], attempt=1)
     assert message.diverged == 50
 
@@ -151,7 +166,8 @@ def test_wal_refusal_lets_no_later_batch_into_the_log(wal_dir):
 
 def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothing(wal_dir):
     opts = options(wal_dir)
-    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer(ack_budget=321))
+    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1",
+                             producer=FakeProducer(ack_budget=321, expire=True))
     for b in batches(rows(1000)):
         writer.write(b)
     with pytest.raises(DeliveryError, match="did not acknowledge 679 of 1000"):
@@ -169,7 +185,7 @@ def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothin
 
 def test_replay_refuses_a_partition_never_fully_logged(wal_dir):
     opts = options(wal_dir)
-    crash_after(opts, FakeProducer(ack_budget=10), rows(300))
+    crash_after(opts, rows(300), acked=10)
     wal = open_wal(wal_dir)
     with pytest.raises(NotFullyLogged, match="wal.writeId"):
         replay_partition(wal, wal.attempts("w/"), KAFKA, producer=FakeProducer())
@@ -190,3 +206,22 @@ def test_digest_covers_every_part_of_a_record(column):
     b = pa.RecordBatch.from_pydict({"key": [b"k", b"k"], "value": [b"v", b"v"], column: values[column]})
     digests = record_digests(b, "t", "c")
     assert digests[:16] != digests[16:]
+
+
+def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_failure_report():
+    """Record 3 was refused by produce() (it and those after it were never handed over) and record 1's
+    content came back in a failure report: a drain marks records 0 and 2 only."""
+    from confluent_kafka import KafkaError
+
+    from recoverable_sink.delivery import DeliveryTracker, _Handed
+    from recoverable_sink.records import KafkaRecords
+    from tests.unit.fakes import Sent, _Msg
+
+    values = [b"a", b"b", b"c", b"d", b"e"]
+    records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
+    tracker, bitmap = DeliveryTracker(), bytearray(5)
+    tracker.handed(_Handed(0, bitmap, None, 3, "t", lambda: records), 3)
+    tracker.on_failure(KafkaError(KafkaError._MSG_TIMED_OUT), _Msg(Sent("t", b"b", None, 0, 0, None)))
+    assert tracker.outstanding == 2
+    tracker.drained()
+    assert (bytes(bitmap), tracker.acked, tracker.failed, tracker.outstanding) == (b"\1\0\1\0\0", 2, 1, 0)
