@@ -8,9 +8,11 @@ One local broker, one SparkSession (``local[2,4]``), the same cached DataFrame f
 * ``exactly_once`` ``wal_on`` with ``delivery.guarantee=exactly_once`` (one transaction per Spark partition)
 * ``raw_client``   one confluent-kafka producer in this process, no Spark (the Python client's ceiling)
 
-per value size (100 B, 1 KB) and topic layout (1 and 4 partitions), interleaved A B C D A B C D ... so that
-drift (page cache, JIT, broker log segments) hits every case alike; the median of the write call's wall time
-counts. Every run writes to a fresh topic whose record count is checked, then deleted.
+per record shape (100 B and 1 KB values on 1- and 4-partition topics; 10 KB values, and 100 B values with two
+headers, on a 4-partition topic; every record keyed), interleaved A B C D A B C D ... so that drift (page
+cache, JIT, broker log segments) hits every case alike; the median of the write call's wall time counts.
+Every run writes to a fresh topic whose record count is checked, then deleted. Then the cost of a retry, and
+the Python worker's peak memory writing one partition of 1x and 4x the usual partition size.
 
     make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3
     BENCH_ROWS=200000 BENCH_REPS=1 .venv/bin/python -m bench.run
@@ -50,8 +52,6 @@ OUT = REPO / "build" / "bench"
 ROWS = int(os.environ.get("BENCH_ROWS", "2000000"))
 REPS = int(os.environ.get("BENCH_REPS", "3"))
 CORES = 2  # local[2,4]: two task slots; the raw client runs on one (this process's main thread)
-VALUE_SIZES = (100, 1024)
-LAYOUTS = (1, 4)
 DF_PARTITIONS = 4
 WARMUP_ROWS = min(ROWS, 40_000)
 DISTINCT_KEYS = 100_000
@@ -59,6 +59,28 @@ CASES = ("spark_kafka", "wal_on", "wal_off", "exactly_once", "raw_client")
 EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}
 # The sink's producer defaults (options.PRODUCER_DEFAULTS); linger and batch sizes stay librdkafka's.
 RAW_PRODUCER = {"acks": "all", "enable.idempotence": "true", "partitioner": "murmur2_random"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the records look like: value size, headers, how many rows, which topic layouts."""
+
+    value_bytes: int
+    rows: int
+    layouts: tuple[int, ...]
+    headers: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.value_bytes}B" + ("+headers" if self.headers else "")
+
+
+SHAPES = (
+    Shape(100, ROWS, (1, 4)),
+    Shape(1024, ROWS, (1, 4)),
+    Shape(10240, max(1, ROWS // 20), (4,)),  # 1 GB at the default ROWS: the cache must fit the driver's memory
+    Shape(100, ROWS, (4,), headers=True),
+)
 
 
 @dataclass
@@ -149,7 +171,7 @@ class Bench:
             return json.loads(summary_path.read_text().splitlines()[-1])
         return write
 
-    def raw_client(self, records: list[tuple[bytes, bytes]]) -> Callable[[str], None]:
+    def raw_client(self, records: list[tuple[bytes, bytes, list[tuple[str, bytes]] | None]]) -> Callable[[str], None]:
         def write(topic: str) -> None:
             producer = Producer({"bootstrap.servers": self.bootstrap, **RAW_PRODUCER})
             acked = failed = 0
@@ -162,10 +184,10 @@ class Bench:
                     failed += 1
 
             produce, poll = producer.produce, producer.poll
-            for i, (key, value) in enumerate(records):
+            for i, (key, value, headers) in enumerate(records):
                 while True:
                     try:
-                        produce(topic, value, key, on_delivery=on_delivery)
+                        produce(topic, value, key, on_delivery=on_delivery, headers=headers)
                         break
                     except BufferError:  # local queue full: serve delivery reports, then retry
                         poll(0.05)
@@ -184,27 +206,38 @@ def spark_session() -> SparkSession:
     return local_spark("recoverable-sink-bench", **{"spark.driver.memory": "4g"})
 
 
-def frame(spark: SparkSession, rows: int, value_bytes: int) -> DataFrame:
-    """key = k<id % 100000>; value = "<id>:" padded with x to value_bytes (unique per row)."""
+def frame(spark: SparkSession, rows: int, value_bytes: int, headers: bool = False,
+          partitions: int = DF_PARTITIONS) -> DataFrame:
+    """key = k<id % 100000>; value = "<id>:" padded with x to value_bytes (unique per row); with ``headers``,
+    two headers: source=bench and seq=<id>."""
     from pyspark.sql import functions as F
 
-    return spark.range(0, rows, 1, DF_PARTITIONS).select(
+    columns = [
         F.concat(F.lit("k"), (F.col("id") % DISTINCT_KEYS).cast("string")).alias("key"),
         F.rpad(F.concat(F.col("id").cast("string"), F.lit(":")), value_bytes, "x").alias("value"),
-    )
+    ]
+    if headers:
+        columns.append(F.array(
+            F.struct(F.lit("source").alias("key"), F.lit("bench").cast("binary").alias("value")),
+            F.struct(F.lit("seq").alias("key"), F.col("id").cast("string").cast("binary").alias("value")),
+        ).alias("headers"))
+    return spark.range(0, rows, 1, partitions).select(*columns)
 
 
-def python_rows(rows: int, value_bytes: int) -> list[tuple[bytes, bytes]]:
+def python_rows(rows: int, value_bytes: int, headers: bool = False) -> list[tuple[bytes, bytes, Any]]:
     """The same rows as :func:`frame`, built here rather than collected: 2 GB would pass the driver's
     spark.driver.maxResultSize; a spot check against Spark's rows guards the equivalence."""
-    return [(b"k%d" % (i % DISTINCT_KEYS), (b"%d:" % i).ljust(value_bytes, b"x")[:value_bytes])
+    return [(b"k%d" % (i % DISTINCT_KEYS), (b"%d:" % i).ljust(value_bytes, b"x")[:value_bytes],
+             [("source", b"bench"), ("seq", b"%d" % i)] if headers else None)
             for i in range(rows)]
 
 
-def check_same_rows(df: DataFrame, records: list[tuple[bytes, bytes]]) -> None:
+def check_same_rows(df: DataFrame, records: list[tuple[bytes, bytes, Any]]) -> None:
     spark_rows = [*df.take(3), *df.tail(2)]
     ours = [*records[:3], *records[-2:]]
-    theirs = [(r["key"].encode(), r["value"].encode()) for r in spark_rows]
+    theirs = [(r["key"].encode(), r["value"].encode(),
+               [(h["key"], bytes(h["value"])) for h in r["headers"]] if "headers" in r else None)
+              for r in spark_rows]
     if theirs != ours:
         raise AssertionError(f"the raw client's rows differ from the DataFrame's: {ours[0]!r} vs {theirs[0]!r}")
 
@@ -216,10 +249,12 @@ def cache_info(spark: SparkSession) -> dict[str, int]:
             "cached_partitions": sum(i.numCachedPartitions() for i in infos)}
 
 
-def median_entry(case: str, value_bytes: int, partitions: int, rows: int, runs: list[Run]) -> dict[str, Any]:
+def median_entry(case: str, shape: Shape, partitions: int, runs: list[Run]) -> dict[str, Any]:
     ok = [r.seconds for r in runs if r.error is None and r.seconds is not None]
     med = statistics.median(ok) if ok else None
-    return {"case": case, "value_bytes": value_bytes, "topic_partitions": partitions, "rows": rows,
+    rows = shape.rows
+    return {"case": case, "shape": shape.label, "value_bytes": shape.value_bytes, "headers": shape.headers,
+            "topic_partitions": partitions, "rows": rows,
             "runs": [round(r.seconds, 3) if r.seconds is not None else None for r in runs],
             "median_seconds": round(med, 3) if med else None,
             "rows_per_second": round(rows / med) if med else None,
@@ -230,12 +265,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a and b else None
 
 
-def bench_size(b: Bench, value_bytes: int, results: list[dict[str, Any]], ratios: list[dict[str, Any]],
-               rss: list[dict[str, Any]]) -> DataFrame:
-    print(f"\n== value {value_bytes} B: caching {ROWS:,} rows ...", flush=True)
-    df = frame(b.spark, ROWS, value_bytes).cache()
-    assert df.count() == ROWS
-    records = python_rows(ROWS, value_bytes)
+def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: list[dict[str, Any]],
+                rss: list[dict[str, Any]]) -> DataFrame:
+    rows, value_bytes = shape.rows, shape.value_bytes
+    print(f"\n== {shape.label}: caching {rows:,} rows ...", flush=True)
+    df = frame(b.spark, rows, value_bytes, shape.headers).cache()
+    assert df.count() == rows
+    records = python_rows(rows, value_bytes, shape.headers)
     check_same_rows(df, records)
     print(f"  cache: {cache_info(b.spark)}", flush=True)
     writers = {"spark_kafka": b.spark_kafka(df), "wal_on": b.recoverable(df, wal=True),
@@ -243,25 +279,27 @@ def bench_size(b: Bench, value_bytes: int, results: list[dict[str, Any]], ratios
                "raw_client": b.raw_client(records)}
     # Untimed warm-up on a small slice: starts the Python workers, their producers and the JVM's Kafka
     # producer, and warms the JIT, so that the first timed repetition is not the only one paying for it.
-    small = frame(b.spark, WARMUP_ROWS, value_bytes)
+    warmup_rows = min(rows, WARMUP_ROWS)
+    small = frame(b.spark, warmup_rows, value_bytes, shape.headers)
     warm = {"spark_kafka": b.spark_kafka(small), "wal_on": b.recoverable(small, wal=True),
             "wal_off": b.recoverable(small, wal=False), "exactly_once": b.recoverable(small, wal=True, **EXACTLY_ONCE),
-            "raw_client": b.raw_client(records[:WARMUP_ROWS])}
+            "raw_client": b.raw_client(records[:warmup_rows])}
     for case in CASES:
-        b.timed(f"{case} {value_bytes}B warm-up", 4, WARMUP_ROWS, warm[case])
+        b.timed(f"{case} {shape.label} warm-up", 4, warmup_rows, warm[case])
     peak_by_layout: dict[int, float] = {}
     anon_by_layout: dict[int, float] = {}
-    for partitions in LAYOUTS:
+    for partitions in shape.layouts:
         runs: dict[str, list[Run]] = {c: [] for c in CASES}
         for rep in range(REPS):
             for case in CASES:
-                what = f"{case} {value_bytes}B {partitions}p rep {rep + 1}/{REPS}"
-                runs[case].append(b.timed(what, partitions, ROWS, writers[case], sample_rss=case == "wal_on"))
-        entries = {c: median_entry(c, value_bytes, partitions, ROWS, runs[c]) for c in CASES}
+                what = f"{case} {shape.label} {partitions}p rep {rep + 1}/{REPS}"
+                runs[case].append(b.timed(what, partitions, rows, writers[case], sample_rss=case == "wal_on"))
+        entries = {c: median_entry(c, shape, partitions, runs[c]) for c in CASES}
         results.extend(entries.values())
         rps = {c: e["rows_per_second"] for c, e in entries.items()}
         ratios.append({
-            "value_bytes": value_bytes, "topic_partitions": partitions,
+            "shape": shape.label, "value_bytes": value_bytes, "headers": shape.headers, "rows": rows,
+            "topic_partitions": partitions,
             "wal_on_vs_spark_kafka": ratio(rps["wal_on"], rps["spark_kafka"]),
             "wal_on_vs_wal_off": ratio(rps["wal_on"], rps["wal_off"]),
             "wal_on_vs_raw_client": ratio(rps["wal_on"], rps["raw_client"]),
@@ -271,7 +309,8 @@ def bench_size(b: Bench, value_bytes: int, results: list[dict[str, Any]], ratios
         })
         peak_by_layout[partitions] = max((r.peak_rss_mib or 0 for r in runs["wal_on"]), default=0)
         anon_by_layout[partitions] = max((r.peak_anon_mib or 0 for r in runs["wal_on"]), default=0)
-    rss.append({"value_bytes": value_bytes, "wal_on_worker_peak_rss_mib": round(max(peak_by_layout.values()), 1),
+    rss.append({"shape": shape.label, "value_bytes": value_bytes, "headers": shape.headers,
+                "wal_on_worker_peak_rss_mib": round(max(peak_by_layout.values()), 1),
                 "by_topic_partitions": {str(p): round(v, 1) for p, v in peak_by_layout.items()},
                 # VmRSS minus the mapped LMDB file pages: the worker's own memory.
                 "wal_on_worker_peak_anon_mib": round(max(anon_by_layout.values()), 1)})
@@ -338,6 +377,22 @@ def retry_cost(b: Bench, df: DataFrame) -> dict[str, Any]:
             "extra_seconds": round(med_k - med_p, 3) if med_p and med_k else None}
 
 
+def memory_by_partition_size(b: Bench) -> list[dict[str, Any]]:
+    """One task writing one partition of 1x and 4x the benchmark's partition size (1 KB values, WAL on):
+    the Python worker's peak memory should not grow with it."""
+    base = ROWS // DF_PARTITIONS
+    out = []
+    print(f"\n== memory by partition size: one partition of {base:,} and {4 * base:,} rows, 1 KB values", flush=True)
+    for factor in (1, 4):
+        rows = factor * base
+        df = frame(b.spark, rows, 1024, partitions=1)
+        run = b.timed(f"wal_on 1KB one partition x{factor}", 4, rows, b.recoverable(df, wal=True), sample_rss=True)
+        out.append({"partition_rows": rows, "factor": factor, "seconds": run.seconds and round(run.seconds, 3),
+                    "worker_peak_rss_mib": run.peak_rss_mib and round(run.peak_rss_mib, 1),
+                    "worker_peak_anon_mib": run.peak_anon_mib and round(run.peak_anon_mib, 1), "error": run.error})
+    return out
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(OUT / "wal", ignore_errors=True)
@@ -361,11 +416,12 @@ def main() -> int:
         ratios: list[dict[str, Any]] = []
         rss: list[dict[str, Any]] = []
         retry: dict[str, Any] = {}
-        for value_bytes in VALUE_SIZES:
-            df = bench_size(b, value_bytes, results, ratios, rss)
-            if value_bytes == 100:
+        for shape in SHAPES:
+            df = bench_shape(b, shape, results, ratios, rss)
+            if shape == SHAPES[0]:
                 retry = retry_cost(b, df)
-            df.unpersist(blocking=True)  # the next size's cache needs the storage memory
+            df.unpersist(blocking=True)  # the next shape's cache needs the storage memory
+        memory = memory_by_partition_size(b)
         for e in results:
             b.errors.extend(e["errors"])
         report = {
@@ -375,6 +431,7 @@ def main() -> int:
                     "wal_on_vs_raw_client_per_core = (wal_on rows/s / 2) / (raw_client rows/s / 1). "
                     "Seconds are the write call's wall time (Spark job planning and scheduling included).",
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
+            "memory_by_partition_size": memory,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
             "wall_minutes": round((time.monotonic() - started) / 60, 1),
         }
