@@ -39,15 +39,29 @@ ProducerKey = tuple[tuple[str, str], ...]
 
 class TrackedProducer(Producer):
     """A librdkafka producer whose only delivery reports are failures, handed to the tracker of the task
-    using it (``tracker``, set by the task: producers are reused across the tasks of a Python worker)."""
+    using it (``tracker``, set by the task for its duration: producers are reused by the tasks a Python
+    worker runs, one at a time)."""
 
     def __init__(self, conf: dict[str, Any]) -> None:
-        self.tracker: DeliveryTracker | None = None
-        super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": self._failed})
+        # A plain function over a one-item list: the producer holds its callback, and a callback holding the
+        # producer (a bound method) would make a cycle that only the garbage collector breaks.
+        slot: list[DeliveryTracker | None] = [None]
 
-    def _failed(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None and self.tracker is not None:
-            self.tracker.on_failure(err, msg)
+        def on_failure(err: KafkaError | None, msg: Message) -> None:
+            tracker = slot[0]
+            if err is not None and tracker is not None:
+                tracker.on_failure(err, msg)
+
+        super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": on_failure})
+        self._slot = slot
+
+    @property
+    def tracker(self) -> DeliveryTracker | None:
+        return self._slot[0]
+
+    @tracker.setter
+    def tracker(self, tracker: DeliveryTracker | None) -> None:
+        self._slot[0] = tracker
 
 
 class ProducerPool:
@@ -125,7 +139,6 @@ class _Handed:
 
     seg_first: int
     bitmap: bytearray
-    skip: list[bool] | None  # per record: not handed over (already delivered)
     upto: int  # records [0, upto) were handed over or skipped (fewer than all when one was refused)
     topic: str | None  # the topic of records without a topic of their own
     records: Callable[[], KafkaRecords]  # recomputes the records, to match failure reports (rare)
@@ -306,7 +319,7 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
         finally:
             # Counted even when a record is refused midway (record i and those after it were not handed over):
             # the failure path waits for the acknowledgements of those before it.
-            tracker.handed(_Handed(seg_first, bitmap, skip, n if completed else i, topic,
+            tracker.handed(_Handed(seg_first, bitmap, n if completed else i, topic,
                                    recompute or (lambda: records)), sent)
         producer.poll(0)
     return sent

@@ -28,7 +28,15 @@ from confluent_kafka import Producer
 from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
-from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produce, producers, serve, wait_for_acks
+from recoverable_sink.delivery import (
+    DeliveryTracker,
+    TrackedProducer,
+    delivery_timeout_s,
+    produce,
+    producers,
+    serve,
+    wait_for_acks,
+)
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
@@ -46,8 +54,7 @@ def _final_wait_s(options: SinkOptions) -> float:
     return timeout + min(_FLUSH_MARGIN_S, max(1.0, timeout))
 
 
-_CHECKPOINT_EVERY_S = 0.5  # acknowledgements reach the WAL at least this often, so a hard kill repeats little
-_DRAIN_WAIT_S = 1.0  # how long a checkpoint waits for the producer's queue to empty before producing on
+_CHECKPOINT_EVERY_S = 0.5  # a drain this often: acknowledgements reach the WAL, so a hard kill repeats little
 
 _wal_threads: list[ThreadPoolExecutor] = []
 
@@ -111,7 +118,7 @@ class PartitionWriter:
     write failed no later batch enters the log."""
 
     def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
-                 faults: FaultPlan | None = None, producer: Producer | None = None) -> None:
+                 faults: FaultPlan | None = None, producer: TrackedProducer | None = None) -> None:
         self.options = options
         self.plan = plan
         self.ident = ident
@@ -174,8 +181,14 @@ class PartitionWriter:
         by_name = {_attempt_name(p.key): p for p in self.priors}
         if not names or any(n not in by_name for n in names):
             return
-        self.committed = [by_name[n] for n in names]
-        self.delivered = self.wal.delivered(self.committed, all_acknowledged=True)
+        committed = [by_name[n] for n in names]
+        delivered = self.wal.delivered(committed, all_acknowledged=True)
+        if sum(delivered.acked.values()) != self.txn.committed_records:
+            # Digests missing here (an attempt purged or swept meanwhile) would make records go out twice.
+            log.warning("%s: this WAL's digests of the committed attempts do not add up to the marker's %d records; "
+                        "not resuming from them", self.where, self.txn.committed_records)
+            return
+        self.committed, self.delivered = committed, delivered
         self.txn.begin()
         self.committed_before = False
 
@@ -248,7 +261,10 @@ class PartitionWriter:
                                     self.message.skipped + end,
                                     lambda: self._checkpoint(wait_s=delivery_timeout_s(self.options)))
         if time.monotonic() - self._last_checkpoint > _CHECKPOINT_EVERY_S:
-            self._checkpoint(wait_s=_DRAIN_WAIT_S)  # a drain: what the producer holds is acknowledged or failed
+            # A drain: produce nothing more until the producer's queue is empty, so that what it held is known
+            # to be acknowledged or failed. Waiting only a while would let a large backlog (big values) refill
+            # the queue before every drain, and no acknowledgement would be learnt until the end.
+            self._checkpoint(wait_s=_final_wait_s(self.options))
 
     def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
         hint = ""
@@ -290,7 +306,12 @@ class PartitionWriter:
     # ---- the end --------------------------------------------------------------------------------------
     def commit(self) -> SinkCommitMessage:
         """Produce the last batch, wait for every acknowledgement, and leave only proof of delivery (under
-        exactly_once: commit the transaction with its marker, and leave nothing)."""
+        exactly_once: commit the transaction with its marker)."""
+        message = self._commit()
+        self.producer.tracker = None  # done: the pooled producer keeps no reference to this task's batches
+        return message
+
+    def _commit(self) -> SinkCommitMessage:
         if self.committed_before:
             return self._already_committed()
         if self._pending is not None:
@@ -371,12 +392,13 @@ class PartitionWriter:
             marker = self.txn.marker or {}
             proof = (f"; the digests that tell which records those are stay in WAL {marker.get('wal')} on host "
                      f"{marker.get('host')}, and a retry there sends exactly the rest") if marker.get("wal") else ""
+            here = f"this host's WAL {self.wal.path} lacks their digests" if self.wal else "the WAL is disabled"
             raise DeliveryError(
                 f"{self.where}: earlier attempts committed {committed} records of this partition in their "
                 f"transactions, but the partition now has {self.position}: an earlier input was cut short "
-                "(an upstream failure, e.g. a shuffle fetch) or the input changed, and this host's WAL "
-                f"{self.wal.path if self.wal else '(disabled)'} lacks their digests{proof}. Not skipping the "
-                "partition, which could lose records, nor re-sending it, which could repeat them: re-run the write "
+                f"(an upstream failure, e.g. a shuffle fetch) or the input changed, and {here}{proof}. Not "
+                "skipping the partition, which could lose records, nor re-sending it, which could repeat them: re-run "
+                "the write "
                 "with the same wal.writeId where that WAL is, or under a new wal.writeId (Kafka then holds the "
                 "committed records twice)")
         if self.wal is not None and self.priors:
@@ -399,6 +421,7 @@ class PartitionWriter:
             log.warning("%s: could not checkpoint acknowledgements after the failure: %s", self.where,
                         self.options.scrub(str(secondary)))
         finally:
+            self.producer.tracker = None
             if self.txn is not None:
                 self.txn.abort()  # the records stay in the WAL; a re-run under the same id sends them
             else:

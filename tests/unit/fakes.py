@@ -32,10 +32,15 @@ class _Msg:
         return self._sent.partition
 
     def key(self) -> bytes | None:
-        return self._sent.key
+        return _bytes(self._sent.key)
 
     def value(self) -> bytes | None:
-        return self._sent.value
+        return _bytes(self._sent.value)
+
+
+def _bytes(data: str | bytes | None) -> bytes | None:
+    """As librdkafka hands fields back: bytes, whatever type they were produced as."""
+    return data.encode() if isinstance(data, str) else data
 
 
 @dataclass

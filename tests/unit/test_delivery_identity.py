@@ -220,7 +220,7 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
     values = [b"a", b"b", b"c", b"d", b"e"]
     records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
     tracker, bitmap = DeliveryTracker(), bytearray(5)
-    tracker.handed(_Handed(0, bitmap, None, 3, "t", lambda: records), 3)
+    tracker.handed(_Handed(0, bitmap, 3, "t", lambda: records), 3)
     tracker.on_failure(KafkaError(KafkaError._MSG_TIMED_OUT), _Msg(Sent("t", b"b", None, 0, 0, None)))
     assert tracker.outstanding == 2
     tracker.drained()
