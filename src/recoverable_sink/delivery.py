@@ -230,13 +230,15 @@ def fatal_errors() -> Iterator[None]:
     """Turn a fatal producer error raised out of ``poll``/``flush`` into :class:`FatalProducerError`.
 
     confluent-kafka raises it as a KafkaException, except when a delivery callback runs in the same call
-    after the error was set: Python then reports a SystemError caused by that KafkaException."""
+    after the error was set: Python then reports a SystemError caused by that KafkaException, or (seen with
+    failure-only reports, a fenced transactional producer) a SystemError that ``flush`` "returned NULL
+    without setting an exception"."""
     try:
         yield
     except (KafkaException, SystemError) as exc:
         cause = exc if isinstance(exc, KafkaException) else exc.__cause__
         if not isinstance(cause, KafkaException):
-            raise
+            raise FatalProducerError(f"fatal producer error: the client failed without naming it ({exc})") from None
         err = cause.args[0]
         raise FatalProducerError(f"fatal producer error: {err.name()}: {err.str()}") from None
 

@@ -2,6 +2,7 @@
 commit markers' life, and the driver-side refusals. The faults are in test_chaos (both modes)."""
 
 import json
+from functools import partial
 
 import pyarrow as pa
 import pytest
@@ -79,6 +80,21 @@ def test_transaction_timeout_above_the_brokers_maximum_fails_on_the_driver(spark
     assert ids_in_topic(kafka.bootstrap_servers, topic) == {}
 
 
+def _eo_options(kafka, topic, prefix, wal_dir):
+    """exactly_once options for a PartitionWriter driven by hand; a wal_dir per simulated host."""
+    return parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
+                          "transactional.id.prefix": prefix, "wal.path": str(wal_dir)})
+
+
+def _host_options(kafka, topic, prefix, root, host_name):
+    return _eo_options(kafka, topic, prefix, root / host_name)
+
+
+def _keyed_batches(rows, size=500):
+    return [pa.RecordBatch.from_pydict({"key": [b"%05d" % i for i in range(s, s + size)], "value": [b"v"] * size})
+            for s in range(0, rows, size)]
+
+
 def test_a_zombie_attempt_is_fenced_by_a_copy_on_another_host_and_nothing_repeats(kafka, new_topic, tmp_path):
     """Speculative copies and zombies, at the task level (Spark never places a speculative copy on the host of
     the attempt it doubles, so one machine cannot make Spark do it): attempt 0 is mid-transaction when attempt
@@ -87,13 +103,9 @@ def test_a_zombie_attempt_is_fenced_by_a_copy_on_another_host_and_nothing_repeat
     topic = new_topic(2)
     plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
 
-    def host(name):
-        return parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
-                              "transactional.id.prefix": "zombie-", "wal.path": str(tmp_path / name)})
-
+    host = partial(_host_options, kafka, topic, "zombie-", tmp_path)  # a WAL per simulated host
     cluster_id = check_cluster(host("a"))
-    data = [pa.RecordBatch.from_pydict({"key": [b"%05d" % i for i in range(s, s + 500)],
-                                        "value": [b"v"] * 500}) for s in range(0, 3000, 500)]
+    data = _keyed_batches(3000)
     zombie = PartitionWriter(host("a"), plan, TaskIdentity("wz", 0, 0), cluster_id)
     for batch in data[:3]:
         zombie.write(batch)  # two batches handed to the producer inside its transaction, one logged
@@ -128,8 +140,7 @@ def test_a_retry_after_a_transaction_cut_short_sends_exactly_the_rest_in_any_ord
     exactly the records it lacked, whatever order its input comes in; a later attempt sends nothing."""
     topic = new_topic(1)
     plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
-    options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
-                             "transactional.id.prefix": "short-", "wal.path": str(tmp_path / "wal")})
+    options = _eo_options(kafka, topic, "short-", tmp_path / "wal")
     cluster_id = check_cluster(options)
     keys = [b"%05d" % i for i in range(2000)]
     keys[1500] = keys[10]  # a record twice in the input: matched as a multiset, so both copies land
@@ -161,13 +172,9 @@ def test_a_retry_elsewhere_after_a_transaction_cut_short_fails_instead_of_guessi
     topic = new_topic(1)
     plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
 
-    def host(name):
-        return parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
-                              "transactional.id.prefix": "short-", "wal.path": str(tmp_path / name)})
-
+    host = partial(_host_options, kafka, topic, "short-", tmp_path)  # a WAL per simulated host
     cluster_id = check_cluster(host("a"))
-    data = [pa.RecordBatch.from_pydict({"key": [b"%05d" % i for i in range(s, s + 500)], "value": [b"v"] * 500})
-            for s in range(0, 2000, 500)]
+    data = _keyed_batches(2000)
     cut_short = PartitionWriter(host("a"), plan, TaskIdentity("wo", 0, 0), cluster_id)
     for batch in data[:2]:
         cut_short.write(batch)

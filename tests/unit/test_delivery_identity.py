@@ -225,3 +225,14 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
     assert tracker.outstanding == 2
     tracker.drained()
     assert (bytes(bitmap), tracker.acked, tracker.failed, tracker.outstanding) == (b"\1\0\1\0\0", 2, 1, 0)
+
+
+def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
+    """A fenced transactional producer's flush can fail with a bare SystemError: the task must fail as on
+    any fatal producer error (its acknowledgements are kept, the producer dropped), not on an odd type."""
+    from recoverable_sink.delivery import fatal_errors
+
+    with pytest.raises(FatalProducerError, match="fatal producer error: the client failed without naming it"):
+        with fatal_errors():
+            raise SystemError("<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting an "
+                              "exception")
