@@ -251,14 +251,13 @@ def serve(producer: Producer, tracker: DeliveryTracker) -> None:
         tracker.drained()
 
 
-def drain(producer: Producer, tracker: DeliveryTracker, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` for the producer's queue to empty (serving failure reports), then learn what
-    was acknowledged. Returns whether it emptied."""
+def drain(producer: Producer, tracker: DeliveryTracker, timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for the producer's queue to empty (serving failure reports); if it emptied,
+    learn what was acknowledged."""
     with fatal_errors():
         left = producer.flush(timeout_s)
     if left == 0:
         tracker.drained()
-    return left == 0
 
 
 def _refused(exc: KafkaException, position: int, topic: str | None, partition: int,
