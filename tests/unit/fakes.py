@@ -57,6 +57,8 @@ class FakeProducer:
     fatal_after: int | None = None
     fatal: bool = False
     expire: bool = False  # past ack_budget, flush reports the rest as timed out (as delivery.timeout.ms does)
+    queue_max: int | None = None  # produce() raises BufferError at this many queued (librdkafka's queue full)
+    refuse: bytes | None = None  # produce() refuses this value as too large
     queue: list[Sent] = field(default_factory=list)
     delivered: list[Sent] = field(default_factory=list)
     tracker: Any = None
@@ -65,6 +67,10 @@ class FakeProducer:
                 on_delivery: Callable[..., Any] | None = None, callback: object = None, timestamp: int = 0,
                 headers: list | None = None) -> None:
         assert on_delivery is None, "the sink relies on failure-only reports, not a per-record callback"
+        if self.queue_max is not None and len(self.queue) >= self.queue_max:
+            raise BufferError("Local: Queue full")
+        if self.refuse is not None and value == self.refuse:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: Message size too large"))
         self.queue.append(Sent(topic, value, key, partition, timestamp, headers))
 
     def __len__(self) -> int:

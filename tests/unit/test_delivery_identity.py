@@ -236,3 +236,40 @@ def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
         with fatal_errors():
             raise SystemError("<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting an "
                               "exception")
+
+
+def _records(values: list[bytes]) -> tuple:
+    from recoverable_sink.delivery import DeliveryTracker
+    from recoverable_sink.records import KafkaRecords
+
+    records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
+    return records, DeliveryTracker()
+
+
+def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_once_in_order():
+    from recoverable_sink.delivery import produce
+
+    values = [b"%d" % i for i in range(10)]
+    records, tracker = _records(values)
+    producer = FakeProducer(queue_max=3)  # poll() empties the queue: room comes back while produce() waits
+    producer.tracker = tracker
+    skip = [i in (1, 6) for i in range(10)]
+    assert produce(producer, records, "t", 0, skip, tracker, str) == 8
+    producer.flush()
+    assert producer.values() == [v for v, s in zip(values, skip, strict=True) if not s]
+
+
+@pytest.mark.parametrize("skip", [None, [False, True, False, False, False]], ids=["all", "one-skipped"])
+def test_a_record_the_producer_refuses_midway_is_named_and_only_those_before_it_count_as_handed_over(skip):
+    from recoverable_sink.delivery import produce
+    from recoverable_sink.errors import RecordError
+
+    records, tracker = _records([b"a", b"b", b"c", b"d", b"e"])
+    producer = FakeProducer(refuse=b"d")
+    producer.tracker = tracker
+    with pytest.raises(RecordError, match=r"record 13 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
+        produce(producer, records, "t", 10, skip, tracker, str)
+    handed = 3 if skip is None else 2
+    assert (tracker.produced, tracker.window[0].upto) == (handed, 3)
+    tracker.drained()
+    assert bytes(tracker.bitmaps[10]) == b"\1\1\1\0\0"  # skipped or acknowledged; the refused and later not
