@@ -19,6 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+try:  # the C extension built by `pip install` (make setup); not in the spark-submit --py-files zip
+    from recoverable_sink import _digests as _native
+except ImportError:
+    _native = None
+
 DIGEST_SIZE = 16
 _NONE = b"\xff\xff\xff\xff"  # the length frame of a null field; no real field is 4 GiB long
 
@@ -27,14 +32,12 @@ def _frame(data: bytes | None) -> bytes:
     return _NONE if data is None else len(data).to_bytes(4, "little")
 
 
-def _base(cluster_id: str, topic: str) -> hashlib.blake2b:
-    return hashlib.blake2b(b"rk1\0" + cluster_id.encode() + b"\0" + topic.encode() + b"\0", digest_size=DIGEST_SIZE)
+def _prefix(cluster_id: str, topic: str) -> bytes:
+    return b"rk1\0" + cluster_id.encode() + b"\0" + topic.encode() + b"\0"
 
 
-def _as_bytes(column: pa.Array) -> list[bytes | None]:
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        column = column.cast(pa.binary())
-    return column.to_pylist()
+def _binary(column: pa.Array) -> pa.Array:
+    return column if column.type == pa.binary() else column.cast(pa.binary())
 
 
 def _frames(column: pa.Array) -> pa.Array:
@@ -47,22 +50,43 @@ def _frames(column: pa.Array) -> pa.Array:
         .cast(pa.binary())
 
 
-def _key_value_digests(batch: pa.RecordBatch, base: hashlib.blake2b) -> bytes:
-    """The key-and-value shape's digests: the framed bytes of each record are joined by Arrow in one pass, so
-    the per-record Python work is one copy, update and digest of BLAKE2b (same bytes as the general path)."""
-    value = batch.column("value").cast(pa.binary())
-    key = batch.column("key").cast(pa.binary()) if "key" in batch.schema.names \
-        else pa.nulls(len(value), pa.binary())
-    joined = pc.binary_join_element_wise(_frames(key), _frames(value), pc.fill_null(key, b""),
-                                         pc.fill_null(value, b""), b"")
-    copy = base.copy
+def _framed(column: pa.Array) -> list[pa.Array]:
+    return [_frames(column), pc.fill_null(column, b"")]
 
-    def digest(framed: bytes) -> bytes:
-        h = copy()
-        h.update(framed)
-        return h.digest()
 
-    return b"".join(map(digest, joined.to_pylist()))
+def _as_text(column: pa.Array) -> pa.Array:
+    """An integer column as the decimal text of each value, "-" for a null."""
+    return pc.fill_null(column.cast(pa.string()), "-").cast(pa.binary())
+
+
+def _headers_bytes(headers: pa.ListArray) -> pa.Array:
+    """Each record's headers as "h" + framed key + framed value per header, joined (empty for none)."""
+    items = headers.values  # the whole child array; the offsets index into it
+    keys, values = _binary(items.field("key")), _binary(items.field("value"))
+    framed = pc.binary_join_element_wise(b"h", _frames(keys), keys, *_framed(values), b"")
+    joined = pc.binary_join(pa.ListArray.from_arrays(headers.offsets, framed), b"")
+    return pc.fill_null(joined, b"")
+
+
+def _bodies(batch: pa.RecordBatch, cluster_id: str) -> pa.Array:
+    """What each record's digest covers after the batch's common prefix (``_prefix``; with a topic column,
+    the prefix is part of each record's body), built by Arrow a column at a time: the per-record work left
+    is the hash alone."""
+    names = batch.schema.names
+    value = _binary(batch.column("value"))
+    key = _binary(batch.column("key")) if "key" in names else pa.nulls(len(value), pa.binary())
+    if names == ["key", "value"] or names == ["value"]:  # the common shape: one topic, key and value only
+        return pc.binary_join_element_wise(_frames(key), _frames(value), pc.fill_null(key, b""),
+                                           pc.fill_null(value, b""), b"")
+    parts: list[pa.Array | bytes] = [*_framed(key), *_framed(value)]
+    parts += [b"p", _as_text(batch.column("partition")) if "partition" in names else b"-"]
+    parts += [b"t", _as_text(batch.column("timestamp")) if "timestamp" in names else b"-"]
+    if "headers" in names:
+        parts.append(_headers_bytes(batch.column("headers")))
+    if "topic" in names:  # a prefix per record
+        topic = _binary(batch.column("topic"))
+        parts = [b"rk1\0" + cluster_id.encode() + b"\0", topic, b"\0", *parts]
+    return pc.binary_join_element_wise(*parts, b"")
 
 
 def record_digests(batch: pa.RecordBatch, topic_option: str | None, cluster_id: str) -> bytes:
@@ -73,35 +97,32 @@ def record_digests(batch: pa.RecordBatch, topic_option: str | None, cluster_id: 
     >>> len(d), d[:16] == record_digests(b.slice(0, 1), "t", "c"), d[:16] == record_digests(b.slice(0, 1), "u", "c")
     (32, True, False)
     """
-    names = batch.schema.names
-    if names == ["key", "value"] or names == ["value"]:  # the common shape: one topic, key and value only
-        assert topic_option is not None
-        return _key_value_digests(batch, _base(cluster_id, topic_option))
-    values = _as_bytes(batch.column("value"))
-    keys = _as_bytes(batch.column("key")) if "key" in names else [None] * len(values)
-    out = bytearray()
-    topics = batch.column("topic").to_pylist() if "topic" in names else [topic_option] * len(values)
-    partitions = batch.column("partition").to_pylist() if "partition" in names else None
-    headers = batch.column("headers").to_pylist() if "headers" in names else None
-    timestamps = batch.column("timestamp").to_pylist() if "timestamp" in names else None
-    bases: dict[str, hashlib.blake2b] = {}
-    for i, (k, v, t) in enumerate(zip(keys, values, topics, strict=True)):
-        base = bases.get(t)
-        if base is None:
-            base = bases[t] = _base(cluster_id, t)
-        h = base.copy()
-        h.update(_frame(k) + (k or b"") + _frame(v) + (v or b""))
-        p = partitions[i] if partitions is not None else None
-        h.update(b"p" + (b"-" if p is None else str(p).encode()))
-        ts = timestamps[i] if timestamps is not None else None
-        h.update(b"t" + (b"-" if ts is None else str(ts).encode()))
-        hs = headers[i] if headers is not None else None
-        if hs:
-            for header in hs:
-                hk = header["key"].encode()
-                h.update(b"h" + _frame(hk) + hk + _frame(header["value"]) + (header["value"] or b""))
-        out += h.digest()
-    return bytes(out)
+    if "topic" in batch.schema.names:
+        return digest_all(b"", _bodies(batch, cluster_id))
+    assert topic_option is not None
+    return digest_all(_prefix(cluster_id, topic_option), _bodies(batch, cluster_id))
+
+
+def digest_all(prefix: bytes, bodies: pa.Array) -> bytes:
+    """BLAKE2b-128 of ``prefix`` + each element of a binary array, concatenated: in one native call (no
+    GIL) where the ``_digests`` extension was built, else with hashlib (the same bytes)."""
+    if _native is not None and len(bodies):
+        bodies = _binary(bodies)
+        _, offsets, data = bodies.buffers()
+        return _native.batch(prefix, offsets, data if data is not None else b"", bodies.offset, len(bodies), False)
+    return python_digests(prefix, bodies)
+
+
+def python_digests(prefix: bytes, bodies: pa.Array) -> bytes:
+    """``digest_all`` with hashlib: one copy of the prefix's state, update and digest per record."""
+    copy = hashlib.blake2b(prefix, digest_size=DIGEST_SIZE).copy
+
+    def digest(body: bytes) -> bytes:
+        h = copy()
+        h.update(body)
+        return h.digest()
+
+    return b"".join(map(digest, _binary(bodies).to_pylist()))
 
 
 def split(digests: bytes) -> list[bytes]:

@@ -1,6 +1,6 @@
 """Shipping the sink as ``make dist`` builds it: spark-submit with no register call (auto-registration
-through the pyspark_recoverable_kafka module), from the --py-files zip and from the wheel installed in a fresh
-virtualenv outside the repository."""
+through the pyspark_recoverable_kafka module), from the --py-files zip (pure Python: record digests by hashlib)
+and from the wheel installed in a fresh virtualenv outside the repository (with the C digest extension)."""
 
 import json
 import os
@@ -20,15 +20,16 @@ spark.sparkContext.setLogLevel("ERROR")
 
 def origin(_):
     import recoverable_sink
-    yield recoverable_sink.__file__
+    from recoverable_sink import identity
+    yield recoverable_sink.__file__, identity._native is not None
 
-files = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()
+(file, native), = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()
 bootstrap, topic, wal, out = sys.argv[1:5]
 # No spark.dataSource.register(...): Spark finds the format through pyspark_recoverable_kafka.DefaultSource.
 (spark.range(500).selectExpr("CAST(id AS STRING) AS value").write.format("recoverable_kafka")
     .option("kafka.bootstrap.servers", bootstrap).option("topic", topic).option("wal.path", wal)
     .mode("append").save())
-open(out, "w").write(json.dumps({"task_import": files[0]}))
+open(out, "w").write(json.dumps({"task_import": file, "native_digests": native}))
 spark.stop()
 '''
 
@@ -53,6 +54,7 @@ def test_spark_submit_with_py_files_and_no_register_call(kafka, new_topic, tmp_p
     out = submit(Path(sys.executable).parent / "spark-submit", Path(sys.executable), tmp_path, kafka, new_topic(),
                  "--py-files", str(bundle))
     assert ".zip" in out["task_import"]
+    assert out["native_digests"] is False  # the zip holds no C extension: hashlib's digests delivered every record
 
 
 def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(kafka, new_topic, tmp_path):
@@ -70,6 +72,7 @@ def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(k
     assert install.returncode == 0, install.stderr[-3000:]
     out = submit(venv / "bin/spark-submit", venv / "bin/python", tmp_path, kafka, new_topic(), env=env)
     assert out["task_import"].startswith(str(venv / "lib")), out
+    assert out["native_digests"] is True  # the wheel carries the digest extension
     cli = subprocess.run([str(venv / "bin/recoverable-kafka-wal"), "list", "--path", str(tmp_path / "wal"), "--json"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert cli.returncode == 0, cli.stderr
