@@ -208,8 +208,9 @@ class PartitionWriter:
         if self.marker_topic is None:
             self.marker_topic = batch.column("topic")[0].as_py()
         if self.wal is not None:
-            digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
+            digests: bytes | None = None  # computed on the WAL thread, unless needed here to match a retry's input
             if self.delivered:
+                digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
                 match = self.delivered.take(split(digests))
                 self.message.replayed += match.replayed
                 sent = [not s for s in match.skip]
@@ -228,7 +229,7 @@ class PartitionWriter:
         self._pending = _Pending(batch, self.logged, stored)
         self.logged += batch.num_rows
 
-    def _log(self, batch: pa.RecordBatch, digests: bytes) -> Future[int]:
+    def _log(self, batch: pa.RecordBatch, digests: bytes | None) -> Future[int]:
         assert self.wal is not None and self.attempt_key is not None
         wal, key, first = self.wal, self.attempt_key, self.logged
         acks = self._take_dirty()
@@ -237,7 +238,11 @@ class PartitionWriter:
             if self._wal_failed is not None:  # a refused batch lets no later batch into the log
                 raise self._wal_failed
             try:
-                return wal.append(key, first, batch, digests, self.options.wal_max_bytes, acks)
+                # The digests are hashed here, without the GIL (identity.digest_all), while the task thread
+                # produces the batch before this one.
+                ids = digests if digests is not None else record_digests(batch, self.plan.topic_option,
+                                                                          self.cluster_id)
+                return wal.append(key, first, batch, ids, self.options.wal_max_bytes, acks)
             except BaseException as exc:
                 self._wal_failed = exc
                 raise
