@@ -186,9 +186,7 @@ def to_records(batch: pa.RecordBatch) -> KafkaRecords:
     def column(name: str) -> list[Any] | None:
         return batch.column(name).to_pylist() if name in names else None
 
-    headers = column("headers")
-    if headers is not None:
-        headers = [None if hs is None else [(h["key"], h["value"]) for h in hs] for hs in headers]
+    headers = _header_lists(batch.column("headers")) if "headers" in names else None
     return KafkaRecords(
         values=batch.column("value").to_pylist(),
         keys=column("key"),
@@ -197,3 +195,14 @@ def to_records(batch: pa.RecordBatch) -> KafkaRecords:
         headers=headers,
         timestamps=column("timestamp"),
     )
+
+
+def _header_lists(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
+    """Each record's headers as the (key, value) pairs ``produce`` takes: the pairs of the whole batch are
+    made at once from the flat child arrays, then cut per record (no per-header dict, as to_pylist makes)."""
+    items = headers.values
+    pairs = list(zip(items.field("key").to_pylist(), items.field("value").to_pylist(), strict=True))
+    offsets = headers.offsets.to_pylist()
+    valid = headers.is_valid().to_pylist()
+    return [pairs[start:end] if ok else None
+            for start, end, ok in zip(offsets, offsets[1:], valid, strict=False)]
