@@ -3,6 +3,7 @@ no JVM), against a real local broker, with the WAL on and off, then once more un
 
     .venv/bin/python -m bench.profile     # PROFILE_ROWS=300000 PROFILE_VALUE_BYTES=100 PROFILE_REPS=5
     PROFILE_PARTITIONS=1 .venv/bin/python -m bench.profile
+    PROFILE_HEADERS=1 .venv/bin/python -m bench.profile    # two headers per record
 
 Prints the median rows/s of each mode and the functions with the most time of their own. The broker runs under
 build/bench/profile-kafka and is stopped at the end.
@@ -32,21 +33,29 @@ ROWS = int(os.environ.get("PROFILE_ROWS", "300000"))
 VALUE_BYTES = int(os.environ.get("PROFILE_VALUE_BYTES", "100"))
 PARTITIONS = int(os.environ.get("PROFILE_PARTITIONS", "4"))
 REPS = int(os.environ.get("PROFILE_REPS", "5"))
+HEADERS = os.environ.get("PROFILE_HEADERS", "") == "1"  # two headers per record, as make bench's headers shape
 BATCH = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch's default
+HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
 def batches() -> list[pa.RecordBatch]:
     pad = b"x" * max(0, VALUE_BYTES - 8)
-    return [pa.RecordBatch.from_pydict({"key": [b"k%07d" % (i % 100_000) for i in range(s, min(ROWS, s + BATCH))],
-                                        "value": [b"%08d" % i + pad for i in range(s, min(ROWS, s + BATCH))]})
-            for s in range(0, ROWS, BATCH)]
+    out = []
+    for s in range(0, ROWS, BATCH):
+        rows = range(s, min(ROWS, s + BATCH))
+        columns = {"key": [b"k%07d" % (i % 100_000) for i in rows], "value": [b"%08d" % i + pad for i in rows]}
+        if HEADERS:
+            columns["headers"] = pa.array([[{"key": "source", "value": b"bench"}, {"key": "seq", "value": b"%d" % i}]
+                                           for i in rows], HEADER_TYPE)
+        out.append(pa.RecordBatch.from_pydict(columns))
+    return out
 
 
 def write(cluster: KafkaCluster, data: list[pa.RecordBatch], wal: str | None) -> SinkCommitMessage:
     topic = cluster.create_topic(f"profile-{uuid.uuid4().hex[:8]}", PARTITIONS, 1)
     options = parse_options({"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": topic,
                              **({"wal.path": wal} if wal else {"wal.enabled": "false"})})
-    plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
+    plan = SchemaPlan(columns=("key", "value", "headers") if HEADERS else ("key", "value"), topic_option=topic)
     message = write_partition(iter(data), options, plan, TaskIdentity(uuid.uuid4().hex, 0, 0), "profile")
     assert message.acknowledged == sum(b.num_rows for b in data), message
     return message
