@@ -310,10 +310,11 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
     ]
     if rows is not None:
         columns = [[column[i] for i in rows] for column in columns]
-    handed = len(columns[1])
+    count, handed = len(columns[1]), 0
     with fatal_errors():
         try:
             _send_in_order(producer, columns)
+            handed = count
         except _Stopped as stop:
             handed = stop.index
             if isinstance(stop.exc, KafkaException):
@@ -323,7 +324,7 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
         finally:
             # Counted even when a record is refused midway (that record and those after it were not handed
             # over): the failure path waits for the acknowledgements of those before it.
-            upto = n if handed == len(columns[1]) else handed if rows is None else rows[handed]
+            upto = n if handed == count else handed if rows is None else rows[handed]
             tracker.handed(_Handed(seg_first, bitmap, upto, topic, recompute or (lambda: records)), handed)
         producer.poll(0)
     return handed
