@@ -25,15 +25,15 @@ except ImportError:
     _native = None
 
 DIGEST_SIZE = 16
-_NONE = b"\xff\xff\xff\xff"  # the length frame of a null field; no real field is 4 GiB long
+_NULL_LENGTH = 0xFFFFFFFF  # the length frame of a null field; no real field is 4 GiB long
 
 
-def _frame(data: bytes | None) -> bytes:
-    return _NONE if data is None else len(data).to_bytes(4, "little")
+def _cluster_prefix(cluster_id: str) -> bytes:
+    return b"rk1\0" + cluster_id.encode() + b"\0"
 
 
 def _prefix(cluster_id: str, topic: str) -> bytes:
-    return b"rk1\0" + cluster_id.encode() + b"\0" + topic.encode() + b"\0"
+    return _cluster_prefix(cluster_id) + topic.encode() + b"\0"
 
 
 def _binary(column: pa.Array) -> pa.Array:
@@ -41,10 +41,11 @@ def _binary(column: pa.Array) -> pa.Array:
 
 
 def _frames(column: pa.Array) -> pa.Array:
-    """Each value's length frame (``_frame``) as a 4-byte binary array, built by Arrow and numpy at once."""
+    """Each value's length frame (4 bytes little-endian, ``_NULL_LENGTH`` for a null) as a binary array,
+    built by Arrow and numpy at once."""
     lengths = pc.binary_length(column).to_numpy(zero_copy_only=False)
     if column.null_count:
-        lengths = np.where(column.is_null().to_numpy(zero_copy_only=False), 0xFFFFFFFF, lengths)
+        lengths = np.where(column.is_null().to_numpy(zero_copy_only=False), _NULL_LENGTH, lengths)
     frames = np.ascontiguousarray(lengths, dtype="<u4")
     return pa.FixedSizeBinaryArray.from_buffers(pa.binary(4), len(column), [None, pa.py_buffer(frames)]) \
         .cast(pa.binary())
@@ -85,7 +86,7 @@ def _bodies(batch: pa.RecordBatch, cluster_id: str) -> pa.Array:
         parts.append(_headers_bytes(batch.column("headers")))
     if "topic" in names:  # a prefix per record
         topic = _binary(batch.column("topic"))
-        parts = [b"rk1\0" + cluster_id.encode() + b"\0", topic, b"\0", *parts]
+        parts = [_cluster_prefix(cluster_id), topic, b"\0", *parts]
     return pc.binary_join_element_wise(*parts, b"")
 
 
