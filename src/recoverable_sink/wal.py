@@ -151,11 +151,33 @@ def _encode_segment(first: int, digests: bytes, payload: bytes, flags: int) -> b
     return b"".join((_SEG_HEADER.pack(_SEG_MAGIC, crc, count, first, len(payload), flags), digests, payload))
 
 
-def _ipc(batch: pa.RecordBatch) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
+def _write_ipc(out: pa.NativeFile, batch: pa.RecordBatch) -> None:
+    with pa.ipc.new_stream(out, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+
+
+def _segment_value(first: int, digests: bytes, batch: pa.RecordBatch) -> tuple[pa.Buffer, int]:
+    """The bytes ``_encode_segment(first, digests, <batch's Arrow IPC stream>, 0)`` would give, and the IPC
+    stream's length, built in one buffer: the batch is serialised straight into place (its length measured
+    first by a counting stream, which copies nothing) and checksummed there. Building the stream, then the
+    segment around it, then Python bytes of each, copied every payload byte three more times (with 1 KB
+    values, a third of an append)."""
+    counter = pa.MockOutputStream()
+    _write_ipc(counter, batch)
+    payload_len = counter.size()
+    head = _SEG_HEADER.size + len(digests)  # a multiple of 8, so Arrow pads the stream as it did when counted
+    value = pa.allocate_buffer(head + payload_len)
+    out = pa.FixedSizeBufferWriter(value)
+    out.write(bytes(_SEG_HEADER.size))  # filled in below, once the checksum is known
+    out.write(digests)
+    _write_ipc(out, batch)
+    if out.tell() != head + payload_len:
+        raise WalError(f"Arrow wrote {out.tell() - head} bytes of IPC stream after counting {payload_len}")
+    view = memoryview(value)
+    count = len(digests) // DIGEST_SIZE
+    crc = zlib.crc32(view[_SEG_HEADER.size:], zlib.crc32(struct.pack("<IQQI", count, first, payload_len, 0)))
+    _SEG_HEADER.pack_into(view, 0, _SEG_MAGIC, crc, count, first, payload_len, 0)
+    return value, payload_len
 
 
 def _encode_acks(acked: bytes | bytearray) -> bytes:
@@ -173,6 +195,9 @@ class Wal:
         self.path = path
         self.env = env
         self._gate = gate if gate is not None else _Gate()
+        # Segments this handle appended whose payload is still stored: segment key -> (digests, payload
+        # length). Compacting one of them needs neither to read back its payload nor to checksum it again.
+        self._appended: dict[bytes, tuple[bytes, int]] = {}
 
     # ---- attempts -------------------------------------------------------------------------------------
     def begin_attempt(self, write_id: str, partition: int, attempt: int, extra: dict[str, object]) -> str:
@@ -234,6 +259,7 @@ class Wal:
             self._set_state(txn, attempt_key, state)
 
         self._write(body)
+        self._forget_compacted(attempt_key, acks or {})
 
     def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: str) -> None:
         raw = txn.get(b"m/" + attempt_key.encode())
@@ -251,33 +277,36 @@ class Wal:
 
         Raises WalFullError, leaving the WAL as it was, when the payload would take the WAL past
         ``max_bytes`` (payload of records Kafka has not acknowledged)."""
-        payload = _ipc(batch)
-        value = _encode_segment(first, digests, payload, 0)
+        value, payload_len = _segment_value(first, digests, batch)
         prefix = attempt_key.encode()
-        _check_room(self.path, len(value))
+        seg_key = b"s/%s/%012d" % (prefix, first)
+        _check_room(self.path, value.size)
 
         def body(txn: lmdb.Transaction) -> None:
             self._put_acks(txn, attempt_key, acks)  # may free bytes: fully acknowledged segments drop payload
             used = int(txn.get(_USAGE_KEY) or b"0")
-            if used + len(payload) > max_bytes:
+            if used + payload_len > max_bytes:
                 raise WalFullError(
                     f"WAL {self.path} holds {used} bytes not yet acknowledged by Kafka and the next batch of "
-                    f"{batch.num_rows} records ({len(payload)} bytes) would pass wal.maxBytes={max_bytes}; nothing "
+                    f"{batch.num_rows} records ({payload_len} bytes) would pass wal.maxBytes={max_bytes}; nothing "
                     "was dropped: the records accepted so far stay in the WAL until Kafka acknowledges them. Raise "
                     "wal.maxBytes, free the WAL of failed writes (`recoverable-kafka-wal list`), or use smaller "
                     "Arrow batches (spark.sql.execution.arrow.maxRecordsPerBatch)"
                 )
-            txn.put(b"s/%s/%012d" % (prefix, first), value)
+            txn.put(seg_key, value)
             txn.put(b"a/%s/%012d" % (prefix, first), _encode_acks(bytearray(batch.num_rows)))
-            txn.put(_USAGE_KEY, str(used + len(payload)).encode())
+            txn.put(_USAGE_KEY, str(used + payload_len).encode())
 
         self._write(body)
-        return len(payload)
+        self._appended[seg_key] = (digests, payload_len)
+        self._forget_compacted(attempt_key, acks)
+        return payload_len
 
     def save_acks(self, attempt_key: str, acks: dict[int, bytearray]) -> None:
         """Durably store acknowledgement bitmaps (segment first position -> bitmap)."""
         if acks:
             self._write(lambda txn: self._put_acks(txn, attempt_key, acks))
+            self._forget_compacted(attempt_key, acks)
 
     def _put_acks(self, txn: lmdb.Transaction, attempt_key: str, acks: dict[int, bytearray]) -> None:
         prefix = attempt_key.encode()
@@ -293,8 +322,24 @@ class Wal:
             used = int(txn.get(_USAGE_KEY) or b"0")
             txn.put(_USAGE_KEY, str(max(0, used - freed)).encode())
 
+    def _forget_compacted(self, attempt_key: str, acks: dict[int, bytearray]) -> None:
+        """After the commit: segments just rewritten as digests are no longer this handle's to compact."""
+        prefix = attempt_key.encode()
+        for seg_first, bitmap in acks.items():
+            if all(bitmap):
+                self._appended.pop(b"s/%s/%012d" % (prefix, seg_first), None)
+
     def _compact(self, txn: lmdb.Transaction, seg_key: bytes, acked: bytes | bytearray) -> int:
         """Rewrite a segment as the digests of its acknowledged records alone; returns the payload bytes freed."""
+        known = self._appended.get(seg_key)
+        if known is not None and all(acked):
+            # Appended by this handle, so its digests and size are known: only check that it is still there (a
+            # cursor finds the key without copying the value out of the map).
+            digests, payload_len = known
+            if not txn.cursor().set_key(seg_key):
+                return 0
+            txn.put(seg_key, _encode_segment(int(seg_key.rsplit(b"/", 1)[1]), digests, b"", _ALL_ACKED))
+            return payload_len
         value = txn.get(seg_key)
         if value is None:
             return 0
