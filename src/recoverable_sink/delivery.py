@@ -306,7 +306,7 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
         nones,
         nones,
         [0 if t is None else t for t in records.timestamps] if records.timestamps is not None else [0] * n,
-        [h or None for h in records.headers] if records.headers is not None else nones,
+        records.headers if records.headers is not None else nones,
     ]
     if rows is not None:
         columns = [[column[i] for i in rows] for column in columns]

@@ -198,11 +198,12 @@ def to_records(batch: pa.RecordBatch) -> KafkaRecords:
 
 
 def _header_lists(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
-    """Each record's headers as the (key, value) pairs ``produce`` takes: the pairs of the whole batch are
-    made at once from the flat child arrays, then cut per record (no per-header dict, as to_pylist makes)."""
+    """Each record's headers as the (key, value) pairs ``produce`` takes, or None for none: the pairs of the
+    whole batch are made at once from the flat child arrays, then cut per record (no per-header dict, as
+    to_pylist makes)."""
     items = headers.values
     pairs = list(zip(items.field("key").to_pylist(), items.field("value").to_pylist(), strict=True))
     offsets = headers.offsets.to_pylist()
     valid = headers.is_valid().to_pylist()
-    return [pairs[start:end] if ok else None
+    return [pairs[start:end] if ok and end > start else None
             for start, end, ok in zip(offsets, offsets[1:], valid, strict=False)]

@@ -87,3 +87,12 @@ def test_normalise_drops_the_topic_column_under_the_option_and_keeps_millisecond
                                       "timestamp": pa.array([1_700_000_000_123_456], pa.timestamp("us"))})
     records = to_records(normalise(raw, plan))
     assert records.topics is None and records.values == ["a"] and records.timestamps == [1_700_000_000_123]
+
+
+def test_header_lists_give_none_for_a_record_without_headers_and_keep_the_pairs_of_the_others():
+    from recoverable_sink.records import _header_lists
+
+    header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    headers = pa.array([[], None, [{"key": "a", "value": b"1"}, {"key": "a", "value": None}], []], header_type)
+    assert _header_lists(headers.slice(1)) == [None, [("a", b"1"), ("a", None)], None]
+    assert _header_lists(headers) == [None, None, [("a", b"1"), ("a", None)], None]
