@@ -161,7 +161,7 @@ def _segment_value(first: int, digests: bytes, batch: pa.RecordBatch) -> tuple[p
     stream's length, built in one buffer: the batch is serialised straight into place (its length measured
     first by a counting stream, which copies nothing) and checksummed there. Building the stream, then the
     segment around it, then Python bytes of each, copied every payload byte three more times (with 1 KB
-    values, a third of an append)."""
+    values, those copies and a second checksum at compaction were over half of an append)."""
     counter = pa.MockOutputStream()
     _write_ipc(counter, batch)
     payload_len = counter.size()
