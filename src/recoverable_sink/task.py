@@ -141,6 +141,15 @@ class PartitionWriter:
             self.producer = self.txn.producer
         else:
             self.producer = producer if producer is not None else producers.get(options)
+        try:
+            self._prepare(options, plan, ident, cluster_id)
+        except BaseException:
+            if self.txn is not None:  # no transaction of this attempt stays open behind a failed start
+                self.txn.abort()
+            raise
+
+    def _prepare(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str) -> None:
+        """The rest of the start, once the producer is there: the WAL, earlier attempts, this attempt's log."""
         self.max_message, self.max_message_name = _size_limit(options)
         self.partitions = _Partitions(self.producer, self.where)
         self.tracker = DeliveryTracker()

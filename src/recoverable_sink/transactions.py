@@ -92,8 +92,15 @@ class PartitionTransaction:
             self.producer = TrackedProducer(conf)
             self.producer.init_transactions(_init_timeout_s(self.options))
         except KafkaException as exc:
+            # A producer left to the garbage collector would go on asking for a producer id, and once the
+            # coordinator answered it would fence the next attempt under the same transactional.id.
+            self.close()
             raise self._fail(exc, "init_transactions") from None
-        marker = self.read_marker()
+        try:
+            marker = self.read_marker()
+        except BaseException:
+            self.close()
+            raise
         if marker is not None and topic is not None and marker.get("topic", topic) != topic:
             log.info("%s: committed earlier to topic %s, now writing to %s: sending again", self.where,
                      marker.get("topic"), topic)
