@@ -4,6 +4,7 @@ no JVM), against a real local broker, with the WAL on and off, then once more un
     .venv/bin/python -m bench.profile     # PROFILE_ROWS=300000 PROFILE_VALUE_BYTES=100 PROFILE_REPS=5
     PROFILE_PARTITIONS=1 .venv/bin/python -m bench.profile
     PROFILE_HEADERS=1 .venv/bin/python -m bench.profile    # two headers per record
+    PROFILE_OPTIONS=kafka.linger.ms=20,kafka.batch.num.messages=20000 .venv/bin/python -m bench.profile
 
 Prints the median rows/s of each mode and the functions with the most time of their own. The broker runs under
 build/bench/profile-kafka and is stopped at the end.
@@ -34,6 +35,8 @@ VALUE_BYTES = int(os.environ.get("PROFILE_VALUE_BYTES", "100"))
 PARTITIONS = int(os.environ.get("PROFILE_PARTITIONS", "4"))
 REPS = int(os.environ.get("PROFILE_REPS", "5"))
 HEADERS = os.environ.get("PROFILE_HEADERS", "") == "1"  # two headers per record, as make bench's headers shape
+# Extra sink options for both modes (name=value, comma-separated), to try a producer setting.
+EXTRA = dict(item.split("=", 1) for item in os.environ.get("PROFILE_OPTIONS", "").split(",") if item)
 BATCH = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch's default
 HEADER_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
@@ -53,7 +56,7 @@ def batches() -> list[pa.RecordBatch]:
 
 def write(cluster: KafkaCluster, data: list[pa.RecordBatch], wal: str | None) -> SinkCommitMessage:
     topic = cluster.create_topic(f"profile-{uuid.uuid4().hex[:8]}", PARTITIONS, 1)
-    options = parse_options({"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": topic,
+    options = parse_options({"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": topic, **EXTRA,
                              **({"wal.path": wal} if wal else {"wal.enabled": "false"})})
     plan = SchemaPlan(columns=("key", "value", "headers") if HEADERS else ("key", "value"), topic_option=topic)
     message = write_partition(iter(data), options, plan, TaskIdentity(uuid.uuid4().hex, 0, 0), "profile")

@@ -1,0 +1,110 @@
+"""What one Arrow batch costs each stage of a task, measured alone (no Spark, no broker, one thread): the
+record digests, the WAL append (Arrow IPC, CRC32, an fsynced LMDB commit that also compacts the segment
+before, acknowledged by then), and on the send side the Python
+lists for ``produce()`` plus the ``produce()`` calls themselves (into librdkafka's local queue; the producer
+points at a closed port, so nothing is sent and the network and the broker cost nothing).
+
+    .venv/bin/python -m bench.wal_costs    # WAL_COSTS_ROWS=10000 WAL_COSTS_REPS=30, 100 B / 1 KB / 10 KB values
+
+It answers how far the WAL can get from the send path on CPU alone: with the WAL on, a task does the first
+two stages as well as the last two, on threads of their own, but on the same cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+from confluent_kafka import Producer
+
+from recoverable_sink.delivery import DeliveryTracker, produce
+from recoverable_sink.identity import record_digests
+from recoverable_sink.records import SchemaPlan, normalise, to_records
+from recoverable_sink.wal import Wal, open_wal
+
+ROWS = int(os.environ.get("WAL_COSTS_ROWS", "10000"))  # spark.sql.execution.arrow.maxRecordsPerBatch's default
+REPS = int(os.environ.get("WAL_COSTS_REPS", "30"))
+PLAN = SchemaPlan(columns=("key", "value"), topic_option="t")
+
+
+def _batch(value_bytes: int) -> pa.RecordBatch:
+    pad = b"x" * max(0, value_bytes - 8)
+    rows = range(ROWS)
+    raw = pa.RecordBatch.from_pydict({"key": [b"k%07d" % i for i in rows], "value": [b"%08d" % i + pad for i in rows]})
+    return normalise(raw, PLAN)
+
+
+def _median_ms(step: Callable[[], object]) -> float:
+    step()  # warm-up
+    runs = []
+    for _ in range(REPS):
+        started = time.perf_counter()
+        step()
+        runs.append(time.perf_counter() - started)
+    return statistics.median(runs) * 1000
+
+
+def _costs(wal: Wal, producer: Producer, value_bytes: int) -> dict[str, float]:
+    """Median milliseconds of each stage for one batch of ``value_bytes`` values."""
+    batch = _batch(value_bytes)
+    digests = record_digests(batch, "t", "cluster")
+    key = wal.begin_attempt("bench", 0, 0, {})
+    position = 0
+
+    def append() -> None:
+        nonlocal position
+        # As in a task: the segment before is acknowledged by now, so this commit compacts it and LMDB reuses
+        # its pages (a log that only grows would time the file's growth instead).
+        acks = {position - ROWS: bytearray(b"\1" * ROWS)} if position else {}
+        wal.append(key, position, batch, digests, 1 << 40, acks)
+        position += ROWS
+
+    records = to_records(batch)
+    tracker = DeliveryTracker()
+
+    def send() -> None:
+        produce(producer, records, "t", 0, None, tracker, str)
+        tracker.bitmaps.clear()
+        tracker.window.clear()
+        producer.purge()  # keep the queue from growing across repetitions
+
+    try:
+        return {
+            "digests": _median_ms(lambda: record_digests(batch, "t", "cluster")),
+            "append": _median_ms(append),
+            "lists": _median_ms(lambda: to_records(batch)),
+            "calls": _median_ms(send),
+        }
+    finally:
+        wal.purge([key])
+
+
+def main() -> int:
+    directory = tempfile.mkdtemp(prefix="wal-costs-")
+    # Nothing listens on port 1: produce() only enqueues. A queue large enough for a batch.
+    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 1_000_000,
+                         "queue.buffering.max.kbytes": 2_097_151, "log_level": 0})
+    try:
+        wal = open_wal(directory)
+        sys.stdout.write(f"one batch of {ROWS:,} keyed records, median of {REPS} (ms; per record in µs)\n")
+        sys.stdout.write("| value | digests | WAL append | produce() lists | produce() calls | WAL share |\n")
+        sys.stdout.write("|---:|---:|---:|---:|---:|---:|\n")
+        for value_bytes in (100, 1024, 10240):
+            cost = _costs(wal, producer, value_bytes)
+            wal_ms, send_ms = cost["digests"] + cost["append"], cost["lists"] + cost["calls"]
+            cells = [f"{cost[k]:.1f} ({cost[k] * 1000 / ROWS:.2f})" for k in ("digests", "append", "lists", "calls")]
+            sys.stdout.write(f"| {value_bytes} B | {' | '.join(cells)} | {wal_ms / (wal_ms + send_ms):.0%} |\n")
+    finally:
+        producer.purge()
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
