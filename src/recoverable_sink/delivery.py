@@ -274,6 +274,11 @@ def _refused(exc: KafkaException, position: int, topic: str | None, partition: i
     return DeliveryError(f"{where} could not be queued: {err.name()}: {scrub(err.str())}")
 
 
+# produce()'s own defaults for its optional positional arguments: key, partition, on_delivery, callback,
+# timestamp, headers.
+_DEFAULTS: tuple[object, ...] = (None, -1, None, None, 0, None)
+
+
 def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_first: int,
             skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str],
             recompute: Callable[[], KafkaRecords] | None = None) -> int:
@@ -294,20 +299,21 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
             if skip[i]:
                 bitmap[i] = 1
         tracker.dirty.add(seg_first)
-    # produce()'s positional arguments (cheaper than keywords): topic, value, key, partition (-1: the
+    # produce()'s positional arguments (cheaper than keywords): topic, value, then key, partition (-1: the
     # partitioner picks), on_delivery (None: the producer's failure report), callback (unused alias),
-    # timestamp (0: unset), headers.
-    nones = [None] * n
-    columns = [
-        records.topics if records.topics is not None else [topic] * n,
-        records.values,
-        records.keys if records.keys is not None else nones,
-        [-1 if p is None else p for p in records.partitions] if records.partitions is not None else [-1] * n,
-        nones,
-        nones,
-        [0 if t is None else t for t in records.timestamps] if records.timestamps is not None else [0] * n,
-        records.headers if records.headers is not None else nones,
+    # timestamp (0: unset), headers. Only as far as the last one the records set: each argument left out is
+    # one less to parse (topic, value and key alone make a call about 15% cheaper than all eight).
+    optional = [
+        records.keys,
+        [-1 if p is None else p for p in records.partitions] if records.partitions is not None else None,
+        None,
+        None,
+        [0 if t is None else t for t in records.timestamps] if records.timestamps is not None else None,
+        records.headers,
     ]
+    given = max((i + 1 for i, column in enumerate(optional) if column is not None), default=0)
+    columns = [records.topics if records.topics is not None else [topic] * n, records.values]
+    columns += [column if column is not None else [_DEFAULTS[i]] * n for i, column in enumerate(optional[:given])]
     if rows is not None:
         columns = [[column[i] for i in rows] for column in columns]
     count, handed = len(columns[1]), 0
@@ -318,8 +324,9 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
         except _Stopped as stop:
             handed = stop.index
             if isinstance(stop.exc, KafkaException):
+                partition = columns[3][handed] if len(columns) > 3 else -1
                 raise _refused(stop.exc, seg_first + (handed if rows is None else rows[handed]),
-                               columns[0][handed], columns[3][handed], scrub) from None
+                               columns[0][handed], partition, scrub) from None
             raise stop.exc  # noqa: B904 - as it was: fatal_errors() reads a SystemError's cause
         finally:
             # Counted even when a record is refused midway (that record and those after it were not handed
