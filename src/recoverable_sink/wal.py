@@ -27,7 +27,6 @@ import struct
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +34,11 @@ from typing import NamedTuple
 
 import lmdb
 import pyarrow as pa
+
+try:  # the same CRC32 as zlib's, three times as fast (carry-less multiplication): 8 against 26 ms per 100 MB
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # a spark-submit --py-files deployment without the wheel
+    from zlib import crc32
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import WalCorruptionError, WalError, WalFullError
@@ -146,8 +150,8 @@ class WalStats:
 
 def _encode_segment(first: int, digests: bytes, payload: bytes, flags: int) -> bytes:
     count = len(digests) // DIGEST_SIZE
-    crc = zlib.crc32(struct.pack("<IQQI", count, first, len(payload), flags))
-    crc = zlib.crc32(payload, zlib.crc32(digests, crc))
+    crc = crc32(struct.pack("<IQQI", count, first, len(payload), flags))
+    crc = crc32(payload, crc32(digests, crc))
     return b"".join((_SEG_HEADER.pack(_SEG_MAGIC, crc, count, first, len(payload), flags), digests, payload))
 
 
@@ -175,13 +179,13 @@ def _segment_value(first: int, digests: bytes, batch: pa.RecordBatch) -> tuple[p
         raise WalError(f"Arrow wrote {out.tell() - head} bytes of IPC stream after counting {payload_len}")
     view = memoryview(value)
     count = len(digests) // DIGEST_SIZE
-    crc = zlib.crc32(view[_SEG_HEADER.size:], zlib.crc32(struct.pack("<IQQI", count, first, payload_len, 0)))
+    crc = crc32(view[_SEG_HEADER.size:], crc32(struct.pack("<IQQI", count, first, payload_len, 0)))
     _SEG_HEADER.pack_into(view, 0, _SEG_MAGIC, crc, count, first, payload_len, 0)
     return value, payload_len
 
 
 def _encode_acks(acked: bytes | bytearray) -> bytes:
-    return _ACK_HEADER.pack(_ACK_MAGIC, zlib.crc32(acked), len(acked)) + bytes(acked)
+    return _ACK_HEADER.pack(_ACK_MAGIC, crc32(acked), len(acked)) + bytes(acked)
 
 
 def _payload_len(value: bytes) -> int:
@@ -510,8 +514,8 @@ class Wal:
         magic, crc, count, first, payload_len, flags = _SEG_HEADER.unpack_from(value)
         body = memoryview(value)[_SEG_HEADER.size:]
         digests_len = count * DIGEST_SIZE
-        if magic != _SEG_MAGIC or len(body) != digests_len + payload_len or zlib.crc32(
-                body, zlib.crc32(struct.pack("<IQQI", count, first, payload_len, flags))) != crc:
+        if magic != _SEG_MAGIC or len(body) != digests_len + payload_len or crc32(
+                body, crc32(struct.pack("<IQQI", count, first, payload_len, flags))) != crc:
             raise WalCorruptionError(
                 f"{where}: records {first}..{first + count - 1} fail their CRC32 checksum; they will not be "
                 "replayed or skipped blindly. Re-run the write from its source after purging this attempt "
@@ -531,7 +535,7 @@ class Wal:
         if ack_value is not None:
             amagic, acrc, acount = _ACK_HEADER.unpack_from(ack_value)
             bitmap = ack_value[_ACK_HEADER.size:]
-            if amagic != _ACK_MAGIC or acount != count or zlib.crc32(bitmap) != acrc:
+            if amagic != _ACK_MAGIC or acount != count or crc32(bitmap) != acrc:
                 raise WalCorruptionError(
                     f"{where}: the acknowledgement bitmap of records {first}..{first + count - 1} fails its "
                     "checksum; which of them Kafka acknowledged is unknown, so none is skipped or re-sent blindly"

@@ -4,13 +4,16 @@ import logging
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import time
+import zlib
 
 import pyarrow as pa
 import pytest
 
+from recoverable_sink import wal as wal_module
 from recoverable_sink.errors import WalCorruptionError, WalError, WalFullError
 from recoverable_sink.identity import record_digests
 from recoverable_sink.wal import DONE, _encode_segment, _segment_value, close_wals, open_wal
@@ -176,6 +179,18 @@ def test_a_segment_built_in_place_has_the_bytes_of_the_stream_wrapped_afterwards
     payload = ipc_stream(b)
     assert payload_len == len(payload)
     assert value.to_pybytes() == _encode_segment(77, digests, payload, 0)
+
+
+def test_segment_checksums_are_zlibs_crc32_whichever_implementation_computed_them():
+    """The WAL checksums with zlib-ng where installed and zlib where not (--py-files): a WAL written by
+    one must read under the other, so the header holds zlib's CRC32 of the rest of the segment."""
+    b = batch([b"x" * 5000, b"", None], keys=[b"k", None, b""])
+    value = _segment_value(9, record_digests(b, "t", "c"), b)[0].to_pybytes()
+    size = wal_module._SEG_HEADER.size
+    count, first, payload_len, flags = wal_module._SEG_HEADER.unpack_from(value)[2:]
+    assert wal_module._SEG_HEADER.unpack_from(value)[1] == \
+        zlib.crc32(value[size:], zlib.crc32(struct.pack("<IQQI", count, first, payload_len, flags)))
+    assert wal_module.crc32.__module__.startswith("zlib_ng"), "make setup installs zlib-ng: a quiet fallback?"
 
 
 def test_compaction_by_the_appending_handle_stores_what_a_fresh_handle_would(wal_dir):
