@@ -4,8 +4,8 @@
  * prefix || element for each element of an Arrow binary array (given as its offsets and data buffers).
  * The same bytes as hashlib.blake2b(prefix + element, digest_size=16).digest(): recoverable_sink.identity
  * falls back to hashlib where this module was not built (spark-submit --py-files), and the unit tests hold
- * the two to the same results. Where the CPU has AVX2, eight records are hashed per pass (digest_lanes),
- * three times the records per second of one at a time.
+ * the two to the same results. Where the CPU has AVX-512 or AVX2, eight or four records are hashed per pass
+ * (digest_lanes8, digest_lanes4), two to three times the records per second of one at a time.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -124,101 +124,70 @@ static void digest2(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen
 }
 
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
-/* Eight records at once: lane l of every vector below belongs to record l, so each instruction of BLAKE2b's
- * rounds works on eight independent messages (one AVX-512 instruction, two AVX2 ones, four SSE2 ones; the
- * build makes a copy per instruction set and the loader picks the one this CPU has). The digests are the
- * same bytes as digest2's, which the unit tests hold to hashlib's. */
-#define LANES 8
-typedef uint64_t lanes_t __attribute__((vector_size(8 * LANES)));
-
-#define VROTR(x, n) (((x) >> (n)) | ((x) << (64 - (n))))
+/* Several records at once: lane l of every vector belongs to record l, so each instruction of BLAKE2b's rounds
+ * works on independent messages. Two builds of the same rounds (_digests_lanes.h): eight lanes in AVX-512
+ * registers, where rotations are one instruction, and four lanes in AVX2 registers, where the rotations by 32,
+ * 24 and 16 bits are byte shuffles within a register (GCC lowers a shuffle of a vector wider than the CPU's
+ * element by element, so the AVX2 build cannot use eight lanes in two registers with shuffles: as shifts they
+ * cost 22 against 12 ms for 10,000 1 KB records on an AMD EPYC). The module picks one when it loads. The
+ * digests are the same bytes as digest2's, which the unit tests hold to hashlib's. */
+#define MAX_LANES 8
 #define VG(a, b, c, d, x, y)         \
     do {                             \
         a = a + b + (x);             \
-        d = VROTR(d ^ a, 32);        \
+        d = ROT32(d ^ a);            \
         c = c + d;                   \
-        b = VROTR(b ^ c, 24);        \
+        b = ROT24(b ^ c);            \
         a = a + b + (y);             \
-        d = VROTR(d ^ a, 16);        \
+        d = ROT16(d ^ a);            \
         c = c + d;                   \
-        b = VROTR(b ^ c, 63);        \
+        b = ROT63(b ^ c);            \
     } while (0)
 
-/* BLAKE2b-128 of a || bodies[l] for l < LANES, into out + OUT * l. Records of fewer blocks than the longest
- * sit out the extra compressions (their lanes are masked when the state is updated). */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static void digest_lanes(const uint8_t *a, size_t alen, const uint8_t *const bodies[LANES],
-                         const size_t blens[LANES], uint8_t *out) {
-    size_t total[LANES], nblocks[LANES], most = 0;
-    for (int l = 0; l < LANES; l++) {
-        total[l] = alen + blens[l];
-        nblocks[l] = total[l] ? (total[l] + BLOCK - 1) / BLOCK : 1;
-        if (nblocks[l] > most) most = nblocks[l];
-    }
-    lanes_t h[8];
-    for (int i = 0; i < 8; i++) h[i] = (lanes_t){0} + IV[i];
-    h[0] ^= 0x01010000ULL ^ OUT;  /* parameter block: digest length 16, no key, fanout 1, depth 1 */
-    uint64_t words[16][LANES] __attribute__((aligned(64)));
-    uint64_t counter[LANES] __attribute__((aligned(64))), final[LANES] __attribute__((aligned(64)));
-    uint64_t live[LANES] __attribute__((aligned(64)));
-    uint8_t block[BLOCK];
-    for (size_t blk = 0; blk < most; blk++) {
-        size_t pos = blk * BLOCK;
-        for (int l = 0; l < LANES; l++) {
-            if (blk >= nblocks[l]) {  /* this record is done: any input will do, the result is dropped */
-                counter[l] = final[l] = live[l] = 0;
-                continue;
-            }
-            const uint8_t *src;
-            int last = blk + 1 == nblocks[l];
-            if (!last && pos >= alen) {
-                src = bodies[l] + (pos - alen);  /* wholly inside the body: no copy */
-            } else {
-                size_t len = last ? total[l] - pos : BLOCK;
-                gather(block, a, alen, bodies[l], pos, len);
-                memset(block + len, 0, BLOCK - len);
-                src = block;
-            }
-            for (int i = 0; i < 16; i++) words[i][l] = load64(src + 8 * i);
-            counter[l] = last ? total[l] : pos + BLOCK;
-            final[l] = last ? ~0ULL : 0;
-            live[l] = ~0ULL;
-        }
-        lanes_t m[16], v[16], t, f, keep;
-        memcpy(m, words, sizeof m);
-        memcpy(&t, counter, sizeof t);
-        memcpy(&f, final, sizeof f);
-        memcpy(&keep, live, sizeof keep);
-        for (int i = 0; i < 8; i++) {
-            v[i] = h[i];
-            v[i + 8] = (lanes_t){0} + IV[i];
-        }
-        v[12] ^= t;
-        v[14] ^= f;
-#define VROUND(r)                                                   \
-    do {                                                            \
-        VG(v[0], v[4], v[8], v[12], m[SIGMA[(r) % 10][0]], m[SIGMA[(r) % 10][1]]);    \
-        VG(v[1], v[5], v[9], v[13], m[SIGMA[(r) % 10][2]], m[SIGMA[(r) % 10][3]]);    \
-        VG(v[2], v[6], v[10], v[14], m[SIGMA[(r) % 10][4]], m[SIGMA[(r) % 10][5]]);   \
-        VG(v[3], v[7], v[11], v[15], m[SIGMA[(r) % 10][6]], m[SIGMA[(r) % 10][7]]);   \
-        VG(v[0], v[5], v[10], v[15], m[SIGMA[(r) % 10][8]], m[SIGMA[(r) % 10][9]]);   \
-        VG(v[1], v[6], v[11], v[12], m[SIGMA[(r) % 10][10]], m[SIGMA[(r) % 10][11]]); \
-        VG(v[2], v[7], v[8], v[13], m[SIGMA[(r) % 10][12]], m[SIGMA[(r) % 10][13]]);  \
-        VG(v[3], v[4], v[9], v[14], m[SIGMA[(r) % 10][14]], m[SIGMA[(r) % 10][15]]);  \
-    } while (0)
-        VROUND(0); VROUND(1); VROUND(2); VROUND(3); VROUND(4); VROUND(5);
-        VROUND(6); VROUND(7); VROUND(8); VROUND(9); VROUND(10); VROUND(11);
-#undef VROUND
-        for (int i = 0; i < 8; i++) h[i] = ((h[i] ^ v[i] ^ v[i + 8]) & keep) | (h[i] & ~keep);
-    }
-    for (int l = 0; l < LANES; l++)
-        for (int i = 0; i < OUT; i++) out[OUT * l + i] = (uint8_t)(h[i / 8][l] >> (8 * (i % 8)));
-}
-/* Without AVX2 the eight lanes cost more than one record at a time (SSE2 splits every vector in four, with
- * rotations as two shifts): 28 against 18 ms for 10,000 1 KB records. Set when the module loads. */
-static int lanes_pay = 0;
+typedef uint64_t lanes8_t __attribute__((vector_size(64)));
+#define LANES 8
+#define LANES_T lanes8_t
+#define LANES_FN digest_lanes8
+#define LANES_TARGET "avx512f"
+#define VROTR(x, n) (((x) >> (n)) | ((x) << (64 - (n))))  /* one vprorq */
+#define ROT32(x) VROTR(x, 32)
+#define ROT24(x) VROTR(x, 24)
+#define ROT16(x) VROTR(x, 16)
+#define ROT63(x) VROTR(x, 63)
+#include "_digests_lanes.h"
+#undef LANES
+#undef LANES_T
+#undef LANES_FN
+#undef LANES_TARGET
+#undef ROT32
+#undef ROT24
+#undef ROT16
+#undef ROT63
+
+typedef uint64_t lanes4_t __attribute__((vector_size(32)));
+typedef uint32_t words4_t __attribute__((vector_size(32)));
+typedef uint8_t bytes4_t __attribute__((vector_size(32)));
+#define LANES 4
+#define LANES_T lanes4_t
+#define LANES_FN digest_lanes4
+#define LANES_TARGET "avx2"
+/* Byte b of a rotated word comes from byte (b + n / 8) % 8 of the same word: vpshufd for 32, vpshufb for 24, 16. */
+#define BYTE_ROT(w, k) 8 * (w) + (k) % 8, 8 * (w) + (1 + (k)) % 8, 8 * (w) + (2 + (k)) % 8, 8 * (w) + (3 + (k)) % 8, \
+                       8 * (w) + (4 + (k)) % 8, 8 * (w) + (5 + (k)) % 8, 8 * (w) + (6 + (k)) % 8, 8 * (w) + (7 + (k)) % 8
+#define WORD_SHUFFLE(x, k)                                                                                     \
+    ((lanes4_t)__builtin_shuffle((bytes4_t)(x),                                                               \
+                                 (bytes4_t){BYTE_ROT(0, k), BYTE_ROT(1, k), BYTE_ROT(2, k), BYTE_ROT(3, k)}))
+#define ROT32(x) ((lanes4_t)__builtin_shuffle((words4_t)(x), (words4_t){1, 0, 3, 2, 5, 4, 7, 6}))
+#define ROT24(x) WORD_SHUFFLE(x, 3)
+#define ROT16(x) WORD_SHUFFLE(x, 2)
+#define ROT63(x) (((x) >> 63) | ((x) + (x)))
+#include "_digests_lanes.h"
+
+/* Without AVX2 the lanes cost more than one record at a time (SSE2 splits every vector, with rotations as two
+ * shifts): 28 against 18 ms for 10,000 1 KB records. Set when the module loads: 8, 4 or 0. */
+static int lanes = 0;
 #else
-#define LANES 0
+#define MAX_LANES 0
 #endif
 
 /* Element i's offset in an Arrow offsets buffer (int32, or int64 if wide). */
@@ -259,16 +228,19 @@ static PyObject *batch(PyObject *Py_UNUSED(self), PyObject *args) {
         prev = at;
     }
     Py_ssize_t i = 0;
-#if LANES
-    for (; !bad && lanes_pay && i + LANES <= count; i += LANES) {
-        const uint8_t *bodies[LANES];
-        size_t lens[LANES];
-        for (int l = 0; l < LANES; l++) {
+#if MAX_LANES
+    for (; !bad && lanes && i + lanes <= count; i += lanes) {
+        const uint8_t *bodies[MAX_LANES];
+        size_t lens[MAX_LANES];
+        for (int l = 0; l < lanes; l++) {
             int64_t start = offset_at(offs, wide, first + i + l);
             bodies[l] = bytes + start;
             lens[l] = (size_t)(offset_at(offs, wide, first + i + l + 1) - start);
         }
-        digest_lanes(pre, (size_t)prefix.len, bodies, lens, out + OUT * i);
+        if (lanes == 8)
+            digest_lanes8(pre, (size_t)prefix.len, bodies, lens, out + OUT * i);
+        else
+            digest_lanes4(pre, (size_t)prefix.len, bodies, lens, out + OUT * i);
     }
 #endif
     for (; !bad && i < count; i++) {
@@ -299,9 +271,14 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_digests", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__digests(void) {
-#if LANES
+    int n = 0;
+#if MAX_LANES
     __builtin_cpu_init();
-    lanes_pay = __builtin_cpu_supports("avx2");
+    lanes = __builtin_cpu_supports("avx512f") ? 8 : __builtin_cpu_supports("avx2") ? 4 : 0;
+    n = lanes;
 #endif
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* How many records one pass hashes on this CPU (1: one at a time), for tests and benchmarks to report. */
+    if (m != NULL && PyModule_AddIntConstant(m, "LANES", n ? n : 1) < 0) Py_CLEAR(m);
+    return m;
 }
