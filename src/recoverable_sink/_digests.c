@@ -60,6 +60,25 @@ static inline uint64_t load64(const uint8_t *p) {
         b = rotr(b ^ c, 63);         \
     } while (0)
 
+/* The twelve rounds of F on v[16] with message words m[16], spelled out so that every message index is a
+ * constant and v stays in registers; G_ is the mixing function (G here, VG for the lanes). */
+#define ROUND(G_, r)                                                                  \
+    do {                                                                              \
+        G_(v[0], v[4], v[8], v[12], m[SIGMA[(r) % 10][0]], m[SIGMA[(r) % 10][1]]);    \
+        G_(v[1], v[5], v[9], v[13], m[SIGMA[(r) % 10][2]], m[SIGMA[(r) % 10][3]]);    \
+        G_(v[2], v[6], v[10], v[14], m[SIGMA[(r) % 10][4]], m[SIGMA[(r) % 10][5]]);   \
+        G_(v[3], v[7], v[11], v[15], m[SIGMA[(r) % 10][6]], m[SIGMA[(r) % 10][7]]);   \
+        G_(v[0], v[5], v[10], v[15], m[SIGMA[(r) % 10][8]], m[SIGMA[(r) % 10][9]]);   \
+        G_(v[1], v[6], v[11], v[12], m[SIGMA[(r) % 10][10]], m[SIGMA[(r) % 10][11]]); \
+        G_(v[2], v[7], v[8], v[13], m[SIGMA[(r) % 10][12]], m[SIGMA[(r) % 10][13]]);  \
+        G_(v[3], v[4], v[9], v[14], m[SIGMA[(r) % 10][14]], m[SIGMA[(r) % 10][15]]);  \
+    } while (0)
+#define TWELVE_ROUNDS(G_)                                                                             \
+    do {                                                                                              \
+        ROUND(G_, 0); ROUND(G_, 1); ROUND(G_, 2); ROUND(G_, 3); ROUND(G_, 4); ROUND(G_, 5);           \
+        ROUND(G_, 6); ROUND(G_, 7); ROUND(G_, 8); ROUND(G_, 9); ROUND(G_, 10); ROUND(G_, 11);         \
+    } while (0)
+
 /* F of RFC 7693 section 3.2; `t` counts the message bytes so far (messages here stay far below 2^64). */
 static void compress(uint64_t h[8], const uint8_t block[BLOCK], uint64_t t, int last) {
     uint64_t m[16], v[16];
@@ -70,21 +89,7 @@ static void compress(uint64_t h[8], const uint8_t block[BLOCK], uint64_t t, int 
     }
     v[12] ^= t;
     if (last) v[14] = ~v[14];
-    /* The twelve rounds spelled out, so that every message index is a constant and v stays in registers. */
-#define ROUND(r)                                                   \
-    do {                                                           \
-        G(v[0], v[4], v[8], v[12], m[SIGMA[(r) % 10][0]], m[SIGMA[(r) % 10][1]]);    \
-        G(v[1], v[5], v[9], v[13], m[SIGMA[(r) % 10][2]], m[SIGMA[(r) % 10][3]]);    \
-        G(v[2], v[6], v[10], v[14], m[SIGMA[(r) % 10][4]], m[SIGMA[(r) % 10][5]]);   \
-        G(v[3], v[7], v[11], v[15], m[SIGMA[(r) % 10][6]], m[SIGMA[(r) % 10][7]]);   \
-        G(v[0], v[5], v[10], v[15], m[SIGMA[(r) % 10][8]], m[SIGMA[(r) % 10][9]]);   \
-        G(v[1], v[6], v[11], v[12], m[SIGMA[(r) % 10][10]], m[SIGMA[(r) % 10][11]]); \
-        G(v[2], v[7], v[8], v[13], m[SIGMA[(r) % 10][12]], m[SIGMA[(r) % 10][13]]);  \
-        G(v[3], v[4], v[9], v[14], m[SIGMA[(r) % 10][14]], m[SIGMA[(r) % 10][15]]);  \
-    } while (0)
-    ROUND(0); ROUND(1); ROUND(2); ROUND(3); ROUND(4); ROUND(5);
-    ROUND(6); ROUND(7); ROUND(8); ROUND(9); ROUND(10); ROUND(11);
-#undef ROUND
+    TWELVE_ROUNDS(G);
     for (int i = 0; i < 8; i++) h[i] ^= v[i] ^ v[i + 8];
 }
 

@@ -1,6 +1,6 @@
 /* The eight- or four-lane BLAKE2b of _digests.c, included once per instruction set with LANES (the lane count),
  * LANES_T (a vector of LANES uint64_t), LANES_FN (the function's name), LANES_TARGET (GCC's target) and
- * ROT32, ROT24, ROT16, ROT63 (rotations right of every lane) defined. */
+ * ROT32, ROT24, ROT16, ROT63 (rotations right of every lane) defined; VG and TWELVE_ROUNDS come from there. */
 /* BLAKE2b-128 of a || bodies[l] for l < LANES, into out + OUT * l. Records of fewer blocks than the longest
  * sit out the extra compressions (their lanes are masked when the state is updated). */
 __attribute__((target(LANES_TARGET)))
@@ -52,20 +52,7 @@ static void LANES_FN(const uint8_t *a, size_t alen, const uint8_t *const bodies[
         }
         v[12] ^= t;
         v[14] ^= f;
-#define VROUND(r)                                                   \
-    do {                                                            \
-        VG(v[0], v[4], v[8], v[12], m[SIGMA[(r) % 10][0]], m[SIGMA[(r) % 10][1]]);    \
-        VG(v[1], v[5], v[9], v[13], m[SIGMA[(r) % 10][2]], m[SIGMA[(r) % 10][3]]);    \
-        VG(v[2], v[6], v[10], v[14], m[SIGMA[(r) % 10][4]], m[SIGMA[(r) % 10][5]]);   \
-        VG(v[3], v[7], v[11], v[15], m[SIGMA[(r) % 10][6]], m[SIGMA[(r) % 10][7]]);   \
-        VG(v[0], v[5], v[10], v[15], m[SIGMA[(r) % 10][8]], m[SIGMA[(r) % 10][9]]);   \
-        VG(v[1], v[6], v[11], v[12], m[SIGMA[(r) % 10][10]], m[SIGMA[(r) % 10][11]]); \
-        VG(v[2], v[7], v[8], v[13], m[SIGMA[(r) % 10][12]], m[SIGMA[(r) % 10][13]]);  \
-        VG(v[3], v[4], v[9], v[14], m[SIGMA[(r) % 10][14]], m[SIGMA[(r) % 10][15]]);  \
-    } while (0)
-        VROUND(0); VROUND(1); VROUND(2); VROUND(3); VROUND(4); VROUND(5);
-        VROUND(6); VROUND(7); VROUND(8); VROUND(9); VROUND(10); VROUND(11);
-#undef VROUND
+        TWELVE_ROUNDS(VG);
         for (int i = 0; i < 8; i++) h[i] = ((h[i] ^ v[i] ^ v[i + 8]) & keep) | (h[i] & ~keep);
     }
     for (int l = 0; l < LANES; l++)
