@@ -47,9 +47,9 @@ demo: setup
 unit: setup
 	$(PYTHON) -m pytest -q tests/unit --doctest-modules src/recoverable_sink
 
-# Real Spark and real Kafka brokers.
+# Real Spark and real Kafka brokers; the 15 slowest tests are listed at the end, to keep the suite short.
 integration: setup
-	$(PYTHON) -m pytest -q tests/integration
+	$(PYTHON) -m pytest -q --durations=15 tests/integration
 
 test: unit integration
 
