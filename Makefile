@@ -49,11 +49,13 @@ unit: setup
 
 # Real Spark and real Kafka brokers; the 15 slowest tests are listed at the end, to keep the suite short.
 integration: setup
+	$(PYTHON) -m testing.spark --class-archive
 	$(PYTHON) -m pytest -q --durations=15 tests/integration
 
 test: unit integration
 
 chaos: setup
+	$(PYTHON) -m testing.spark --class-archive
 	$(PYTHON) -m testing.chaos.run
 
 bench: setup

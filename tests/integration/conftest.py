@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from testing.kafka_local import REPO, KafkaCluster
-from testing.spark import local_spark
+from testing.spark import QUICK_START_ENV, local_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -26,6 +26,9 @@ TEST_KAFKA = Path(os.environ.get("RK_TEST_KAFKA_DIR", REPO / "build" / "test-kaf
 # they will not find pyarrow and lmdb.
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# The suite starts dozens of short drivers (its own, and subprocesses that inherit this): the C1 JIT alone
+# starts them faster (see testing.spark.driver_java_options).
+os.environ.setdefault(QUICK_START_ENV, "1")
 
 
 def _cluster(name: str, brokers: int) -> Iterator[KafkaCluster]:
