@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 SPARK_JARS = REPO / "build" / "spark-jars"
 LOG4J = REPO / "spark_conf" / "log4j2.properties"
 # Spark's classes as the JVM left them after loading (AppCDS), for the pyspark installed: a driver that maps
-# them starts in about 60% of the time. The JVM checks the archive against its own build and the class path
-# (jar sizes and times), and ignores one that does not match.
+# them starts in about 70% of the time (13.7 -> 9.5 s to a first write here). The JVM checks the archive
+# against its own build and the class path (jar sizes and times), and ignores one that does not match.
 CLASS_ARCHIVE = REPO / "build" / "cds" / f"spark-{version('pyspark')}.jsa"
 # Set by the test suite: drivers that do little work start faster with the JIT's first tier only (C1).
 QUICK_START_ENV = "RK_QUICK_JVM_START"
@@ -145,7 +145,7 @@ def sink_stream_writer(df: DataFrame, bootstrap: str, topic: str | None = None, 
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="write CLASS_ARCHIVE (make setup does)")
+    parser = argparse.ArgumentParser(description="write CLASS_ARCHIVE (make integration and make chaos do)")
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--class-archive", action="store_true", help="write it unless it exists")
     group.add_argument("--archive-driver", metavar="PATH", help="(internal) the driver whose JVM writes it")
