@@ -105,7 +105,8 @@ def _archive_driver(archive_to: str) -> None:
     from recoverable_sink import RecoverableKafkaDataSource
 
     spark = (SparkSession.builder.master("local[2]").appName("class-archive")
-             .config("spark.ui.enabled", "false").config("spark.jars", connector_jars())
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.jars", connector_jars())
              .config("spark.driver.extraJavaOptions", driver_java_options(archive_to=archive_to)).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(RecoverableKafkaDataSource)
