@@ -19,7 +19,7 @@ $(STAMP_JARS): FORCE
 endif
 FORCE:
 
-$(STAMP_PY): pyproject.toml src/recoverable_sink/_digests.c
+$(STAMP_PY): pyproject.toml src/recoverable_sink/_digests.c src/recoverable_sink/_produce.c
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	@# src layout: the editable install is a plain path entry to src/, which pkgutil.iter_modules() (Spark's

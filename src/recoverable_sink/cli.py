@@ -34,14 +34,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TextIO
 
-from confluent_kafka import Producer
-
 from recoverable_sink._logging import configure, get_logger
-from recoverable_sink.delivery import DeliveryTracker, delivery_timeout_s, produce, producers, wait_for_acks
+from recoverable_sink.delivery import (
+    DeliveryTracker,
+    SinkProducer,
+    delivery_timeout_s,
+    producers,
+    send_batch,
+    wait_for_acks,
+)
 from recoverable_sink.errors import DeliveryError, RecoverableSinkError
 from recoverable_sink.identity import split
 from recoverable_sink.options import is_sensitive, parse_options
-from recoverable_sink.records import to_records
 from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal
 
 log = get_logger("cli")
@@ -126,7 +130,7 @@ class NotFullyLogged(RecoverableSinkError):
 
 
 def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str],
-                     producer: Producer | None = None,
+                     producer: SinkProducer | None = None,
                      progress: Callable[[int, int], None] | None = None) -> ReplayCounts:
     """Finish one partition from the newest attempt that logged its whole input: send what that attempt logged
     and no attempt got acknowledged (later attempts' acknowledgements count too, by record digest)."""
@@ -165,8 +169,8 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         matched = acked_later.take(d for d, a in zip(split(seg.digests), seg.acked, strict=True) if not a)
         it = iter(matched.skip)
         skip = [bool(a) or next(it) for a in seg.acked]
-        sent = produce(producer, to_records(seg.batch), topic if isinstance(topic, str) else None, seg.first,
-                       skip, tracker, options.scrub)
+        sent = send_batch(producer, seg.batch, topic if isinstance(topic, str) else None, seg.first, skip,
+                          tracker, options.scrub)
         counts.sent += sent
         counts.already_delivered += seg.count - sent
         wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)

@@ -46,6 +46,7 @@ class SinkCommitMessage(WriterCommitMessage):
     seconds: float = 0.0
     committed_before: bool = False  # exactly_once: an earlier attempt's transaction already holds the partition
     query_id: str | None = None  # streaming only
+    producer: str = ""  # "native" (the C produce loop) or "confluent" (confluent-kafka's produce() per record)
 
 
 def stream_write_id(query_id: str, batch_id: int) -> str:

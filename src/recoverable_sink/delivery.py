@@ -7,8 +7,15 @@ ordering and the murmur2 partitioning; this module only records which records Ka
 Producers report failed deliveries only (``delivery.report.only.error``): a per-record report and callback
 cost more than the rest of the send path. What Kafka acknowledged is learnt at **drains** instead: once the
 producer's queue is empty, every record handed over since the last drain is acknowledged, except those a
-failure report named (matched by content: topic, key and value). The task drains every checkpoint interval
-and at its end, so it knows as much as a per-record report would have told it at its checkpoints.
+failure report named. The task drains every checkpoint interval and at its end, so it knows as much as a
+per-record report would have told it at its checkpoints.
+
+Two producers, one contract (:func:`send_batch`):
+- :class:`NativeProducer` (the default where the ``_produce`` extension is built): a batch's Arrow buffers go
+  to librdkafka in one C call without the GIL, and a failure report names the record by its position (the
+  message opaque), kept in C until the task collects it.
+- :class:`TrackedProducer` (``producer.native=false``, or no extension, as with ``--py-files``):
+  confluent-kafka's ``produce()`` once per record, failures matched by content (topic, key and value).
 """
 
 from __future__ import annotations
@@ -20,14 +27,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import length_hint
+from pathlib import Path
 from typing import Any
 
+import confluent_kafka
+import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.records import KafkaRecords
+from recoverable_sink.records import KafkaRecords, producer_columns, to_records
 
 log = get_logger("delivery")
 
@@ -65,6 +75,114 @@ class TrackedProducer(Producer):
         self._slot[0] = tracker
 
 
+def _librdkafka_path() -> str:
+    """The librdkafka that confluent-kafka's own producer uses (its wheel ships one), else the system's."""
+    libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    found = sorted(libs.glob("librdkafka*.so*"))
+    return str(found[0]) if found else "librdkafka.so.1"
+
+
+_native: list[Any] = []  # [the loaded _produce module, or None], decided once per process
+
+
+def native_module() -> Any:
+    """The ``_produce`` extension with librdkafka loaded, or None where it is not built or cannot load."""
+    if not _native:
+        try:
+            from recoverable_sink import _produce  # noqa: PLC0415 - optional, like the digests
+        except ImportError:
+            _native.append(None)
+        else:
+            try:
+                _produce.load(_librdkafka_path())
+                _native.append(_produce)
+            except OSError as exc:
+                log.warning("the native produce loop is off (%s); producing through confluent-kafka", exc)
+                _native.append(None)
+    return _native[0]
+
+
+class NativeProducer:
+    """A librdkafka producer fed from Arrow buffers by the ``_produce`` extension. Only failures are reported;
+    they are collected after every ``poll``/``flush`` and handed to ``tracker`` (set by the task using it)."""
+
+    native = True
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        module = native_module()
+        if module is None:
+            raise RuntimeError("the _produce extension is not available")
+        self._p = module.Producer({k: str(v) for k, v in conf.items()})
+        self.tracker: DeliveryTracker | None = None
+
+    def _collect(self) -> None:
+        failures = self._p.take_failures()
+        if failures and self.tracker is not None:
+            self.tracker.on_failures_at(failures)
+
+    def poll(self, timeout: float = 0) -> int:
+        try:
+            return self._p.poll(timeout)
+        finally:
+            self._collect()
+
+    def flush(self, timeout: float = -1) -> int:
+        try:
+            return self._p.flush(timeout)
+        finally:
+            self._collect()
+
+    def __len__(self) -> int:
+        return len(self._p)
+
+    def purge(self) -> None:
+        self._p.purge()
+
+    def send(self, topic: str | None, batch: pa.RecordBatch, slot: int) -> tuple[int, int, str]:
+        """Hand every row of a normalised batch over, in order: (rows handed, error code, text)."""
+        return self._p.send(topic, batch.num_rows, slot, *producer_columns(batch))
+
+    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
+        count, code, text = self._p.partition_count(topic, timeout_s)
+        return count, (text or KafkaError(code).str()) if count < 0 else None
+
+    # exactly_once: the transaction calls, with confluent-kafka's names and errors (KafkaException).
+    def init_transactions(self, timeout_s: float) -> None:
+        self._p.init_transactions(timeout_s)
+
+    def begin_transaction(self) -> None:
+        self._p.begin_transaction()
+
+    def send_marker(self, group: str, topic: str, partition: int, offset: int, metadata: str,
+                    timeout_s: float) -> None:
+        """The commit marker: ``group``'s offset of (topic, partition), inside the open transaction."""
+        self._p.send_offset(group, topic, partition, offset, metadata, timeout_s)
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        self._p.commit_transaction(timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self._p.abort_transaction(timeout_s)
+
+
+SinkProducer = TrackedProducer | NativeProducer
+
+
+def new_producer(conf: dict[str, Any], native: bool) -> SinkProducer:
+    """A native producer where asked for and available, else confluent-kafka's."""
+    return NativeProducer(conf) if native and native_module() is not None else TrackedProducer(conf)
+
+
+def partition_count(producer: SinkProducer, topic: str, timeout_s: float) -> tuple[int, str | None]:
+    """A topic's partition count from the cluster's metadata: (count, None), or (-1, why not)."""
+    if isinstance(producer, NativeProducer):
+        return producer.partition_count(topic, timeout_s)
+    meta = producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if meta is None or meta.error is not None:
+        return -1, meta.error.str() if meta is not None and meta.error is not None else "no metadata"
+    return len(meta.partitions), None
+
+
 class ProducerPool:
     """Producers by configuration, reused across the tasks a Python worker runs (connection set-up is paid
     once per worker, not once per task). At most ``max_size`` are kept; one idle for ``idle_s`` is flushed
@@ -73,26 +191,27 @@ class ProducerPool:
     def __init__(self, max_size: int = _POOL_MAX, idle_s: float = _POOL_IDLE_S) -> None:
         self.max_size = max_size
         self.idle_s = idle_s
-        self._producers: dict[ProducerKey, tuple[TrackedProducer, float]] = {}
+        self._producers: dict[tuple[ProducerKey, bool], tuple[SinkProducer, float]] = {}
         self._lock = threading.Lock()
 
-    def get(self, options: SinkOptions) -> TrackedProducer:
+    def get(self, options: SinkOptions) -> SinkProducer:
         now = time.monotonic()
+        key = (options.producer_items, options.native_producer)
         with self._lock:
             expired = [k for k, (_, used) in self._producers.items() if now - used > self.idle_s]
-            entry = self._producers.get(options.producer_items)
+            entry = self._producers.get(key)
             if entry is None:
                 while len(self._producers) - len(expired) >= self.max_size:
                     expired.append(min((k for k in self._producers if k not in expired),
                                        key=lambda k: self._producers[k][1]))
                 try:
-                    producer = TrackedProducer(options.producer_config())
+                    producer = new_producer(options.producer_config(), options.native_producer)
                 except KafkaException as exc:
                     raise DeliveryError(f"cannot create the Kafka producer: {options.scrub(str(exc))}") from None
             else:
                 producer = entry[0]
-            self._producers[options.producer_items] = (producer, now)
-            stale = [self._producers.pop(k)[0] for k in expired if k != options.producer_items]
+            self._producers[key] = (producer, now)
+            stale = [self._producers.pop(k)[0] for k in expired if k != key]
         for old in stale:
             _close(old, flush_s=1.0)
         return producer
@@ -100,7 +219,7 @@ class ProducerPool:
     def discard(self, options: SinkOptions) -> None:
         """Drop a producer after a failure so the next task starts with an empty queue and a fresh state."""
         with self._lock:
-            entry = self._producers.pop(options.producer_items, None)
+            entry = self._producers.pop((options.producer_items, options.native_producer), None)
         if entry is not None:
             _close(entry[0], flush_s=0.0, purge=True)
 
@@ -116,7 +235,7 @@ class ProducerPool:
         return len(self._producers)
 
 
-def _close(producer: Producer, flush_s: float, purge: bool = False) -> None:
+def _close(producer: SinkProducer, flush_s: float, purge: bool = False) -> None:
     try:
         if purge:
             producer.purge()
@@ -142,7 +261,9 @@ class _Handed:
     bitmap: bytearray
     upto: int  # records [0, upto) were handed over or skipped (fewer than all when one was refused)
     topic: str | None  # the topic of records without a topic of their own
-    records: Callable[[], KafkaRecords]  # recomputes the records, to match failure reports (rare)
+    records: Callable[[], KafkaRecords] | None  # recomputes the records, to match failure reports by content
+    slot: int = 0  # native: the slot its records' opaques carry
+    rows: list[int] | None = None  # native: the segment row of each record sent, when some were skipped
 
 
 @dataclass
@@ -157,12 +278,26 @@ class DeliveryTracker:
     errors: list[tuple[str, int, KafkaError]] = field(default_factory=list)
     window: list[_Handed] = field(default_factory=list)  # handed over since the last drain
     failures: Counter[tuple[str | None, bytes | None, bytes | None]] = field(default_factory=Counter)
+    failed_rows: dict[int, list[int]] = field(default_factory=dict)  # native: by slot, the rows that failed
+    slots: int = 0  # native: slots given out
 
     def on_failure(self, err: KafkaError, msg: Message) -> None:
         self.failed += 1
         self.failures[(msg.topic(), msg.key(), msg.value())] += 1
         if len(self.errors) < 20:
             self.errors.append((msg.topic(), msg.partition(), err))
+
+    def on_failures_at(self, failures: list[tuple[int, int, int, str | None]]) -> None:
+        """Native failure reports: (opaque = slot << 32 | row, error code, partition, topic or None)."""
+        for opaque, code, partition, topic in failures:
+            self.failed += 1
+            self.failed_rows.setdefault(opaque >> 32, []).append(opaque & 0xFFFFFFFF)
+            if len(self.errors) < 20:
+                self.errors.append((topic or "?", partition, KafkaError(code)))
+
+    def next_slot(self) -> int:
+        self.slots += 1
+        return self.slots
 
     def handed(self, handed: _Handed, count: int) -> None:
         self.produced += count
@@ -175,7 +310,7 @@ class DeliveryTracker:
         possibly one more copy sent again, never one lost)."""
         for handed in self.window:
             bitmap = handed.bitmap
-            if self.failures:
+            if self.failures and handed.records is not None:
                 records = handed.records()
                 n = len(records)
                 rows = zip(records.topics or [handed.topic] * n, records.keys or [None] * n, records.values,
@@ -187,9 +322,12 @@ class DeliveryTracker:
                         bitmap[i] = 1
             else:
                 bitmap[:handed.upto] = b"\x01" * handed.upto
+                for i in self.failed_rows.pop(handed.slot, ()):
+                    bitmap[i if handed.rows is None else handed.rows[i]] = 0
             self.dirty.add(handed.seg_first)
         self.window.clear()
         self.failures.clear()
+        self.failed_rows.clear()
         self.acked = self.produced - self.failed
 
     @property
@@ -244,7 +382,7 @@ def fatal_errors() -> Iterator[None]:
         raise FatalProducerError(f"fatal producer error: {err.name()}: {err.str()}") from None
 
 
-def serve(producer: Producer, tracker: DeliveryTracker) -> None:
+def serve(producer: SinkProducer, tracker: DeliveryTracker) -> None:
     """Serve reports that are ready, without waiting; an empty queue is a drain."""
     with fatal_errors():
         producer.poll(0)
@@ -252,7 +390,7 @@ def serve(producer: Producer, tracker: DeliveryTracker) -> None:
         tracker.drained()
 
 
-def drain(producer: Producer, tracker: DeliveryTracker, timeout_s: float) -> None:
+def drain(producer: SinkProducer, tracker: DeliveryTracker, timeout_s: float) -> None:
     """Wait up to ``timeout_s`` for the producer's queue to empty (serving failure reports); if it emptied,
     learn what was acknowledged."""
     with fatal_errors():
@@ -272,6 +410,43 @@ def _refused(exc: KafkaException, position: int, topic: str | None, partition: i
         return FatalProducerError(f"{where} could not be queued: fatal producer error: {err.name()}: "
                                   f"{scrub(err.str())}")
     return DeliveryError(f"{where} could not be queued: {err.name()}: {scrub(err.str())}")
+
+
+def send_batch(producer: SinkProducer, batch: pa.RecordBatch, topic: str | None, seg_first: int,
+               skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
+    """Hand one segment's records (a normalised batch) to the producer, except those marked in ``skip``
+    (already delivered, recorded as acknowledged); returns how many were handed over. The native producer
+    takes the batch's Arrow buffers in one call; confluent-kafka's takes per-record lists (:func:`produce`)."""
+    if not isinstance(producer, NativeProducer):
+        return produce(producer, to_records(batch), topic, seg_first, skip, tracker, scrub, lambda: to_records(batch))
+    n = batch.num_rows
+    bitmap = bytearray(n)
+    tracker.bitmaps[seg_first] = bitmap
+    rows: list[int] | None = None
+    if skip is not None and any(skip):
+        rows = [i for i in range(n) if not skip[i]]
+        for i in range(n):
+            if skip[i]:
+                bitmap[i] = 1
+        tracker.dirty.add(seg_first)
+        batch = batch.take(pa.array(rows, pa.int64()))
+    slot = tracker.next_slot()
+    handed, code, text = 0, 0, ""
+    with fatal_errors():
+        try:
+            handed, code, text = producer.send(topic, batch, slot)
+        finally:
+            upto = n if handed == batch.num_rows else handed if rows is None else rows[handed]
+            tracker.handed(_Handed(seg_first, bitmap, upto, topic, None, slot, rows), handed)
+        if code:
+            names = batch.schema.names
+            row_topic = batch.column("topic")[handed].as_py() if "topic" in names else topic
+            part = batch.column("partition")[handed].as_py() if "partition" in names else None
+            position = seg_first + (handed if rows is None else rows[handed])
+            raise _refused(KafkaException(KafkaError(code, text)), position, row_topic, -1 if part is None else part,
+                           scrub)
+        producer.poll(0)
+    return handed
 
 
 # produce()'s own defaults for its optional positional arguments: key, partition, on_delivery, callback,
@@ -379,7 +554,7 @@ def _send_when_room(producer: Producer, *record: object) -> None:
             continue
 
 
-def wait_for_acks(producer: Producer, tracker: DeliveryTracker, timeout_s: float) -> None:
+def wait_for_acks(producer: SinkProducer, tracker: DeliveryTracker, timeout_s: float) -> None:
     """Drain until every handed-over record is acknowledged or has failed, with a deadline past
     librdkafka's own delivery timeout (after which it reports every undelivered record as failed)."""
     deadline = time.monotonic() + timeout_s

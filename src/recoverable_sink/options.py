@@ -83,6 +83,7 @@ _SINK_OPTIONS = {
     "wal.enabled",
     "wal.retentionhours",
     "wal.writeid",
+    "producer.native",
     "delivery.guarantee",
     "transactional.id.prefix",
     "preflight.timeoutms",
@@ -114,6 +115,8 @@ class SinkOptions:
     transactional_id_prefix: str = DEFAULT_TRANSACTIONAL_ID_PREFIX
     # Set on the driver by preflight.fit_topic_limit: the topic option's max.message.bytes, when readable.
     topic_max_message_bytes: int | None = None
+    # The C produce loop (delivery.NativeProducer) where the extension is built; false: confluent-kafka's produce().
+    native_producer: bool = True
     # Private fault injection for the test suite and the chaos campaign (``_test.*`` options); None for users.
     faults: FaultPlan | None = None
 
@@ -326,5 +329,6 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         guarantee=guarantee,
         transactional_id_prefix=_id_part("transactional.id.prefix", lowered.get(
             "transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX), "0,100"),
+        native_producer=_parse_bool("producer.native", lowered.get("producer.native", "true")),
         faults=parse_faults(lowered),
     )

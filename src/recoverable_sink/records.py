@@ -197,6 +197,48 @@ def to_records(batch: pa.RecordBatch) -> KafkaRecords:
     )
 
 
+Column = tuple[Any, ...] | None
+
+
+def producer_columns(batch: pa.RecordBatch) -> tuple[Column, Column, Column, Column, Column, Column]:
+    """A normalised batch as the native producer's arguments: the Arrow buffers of value, key, topic,
+    partition, timestamp and headers (None where the batch has no such column). Nothing is copied."""
+    names = batch.schema.names
+
+    def binary(name: str) -> Column:
+        return _binary(batch.column(name)) if name in names else None
+
+    def integer(name: str, kind: pa.DataType) -> Column:
+        if name not in names:
+            return None
+        array = batch.column(name)
+        array = array if array.type == kind else array.cast(kind)
+        validity, values = array.buffers()[:2]
+        return (validity if array.null_count else None, values, array.offset)
+
+    headers: Column = None
+    if "headers" in names:
+        array = batch.column("headers")
+        if not pa.types.is_list(array.type):
+            array = array.cast(pa.list_(array.type.value_type))
+        items = array.values  # the whole child: the list offsets index into it
+        validity, offsets = array.buffers()[:2]
+        headers = (validity if array.null_count else None, offsets, array.offset,
+                   _binary(items.field("key")), _binary(items.field("value")))
+    return (binary("value"), binary("key"), binary("topic"), integer("partition", pa.int32()),
+            integer("timestamp", pa.int64()), headers)
+
+
+def _binary(array: pa.Array) -> tuple[Any, ...]:
+    """(validity or None, offsets, data, offset, 64-bit offsets) of a binary or string array."""
+    kind = array.type
+    wide = pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
+    if not (wide or pa.types.is_binary(kind) or pa.types.is_string(kind)):
+        array = array.cast(pa.binary())
+    validity, offsets, data = array.buffers()[:3]
+    return (validity if array.null_count else None, offsets, data, array.offset, wide)
+
+
 def _header_lists(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
     """Each record's headers as the (key, value) pairs ``produce`` takes, or None for none: the pairs of the
     whole batch are made at once from the flat child arrays, then cut per record (no per-header dict, as

@@ -25,24 +25,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pyarrow as pa
-from confluent_kafka import Producer
 
 from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.delivery import (
     DeliveryTracker,
-    TrackedProducer,
+    NativeProducer,
+    SinkProducer,
     delivery_timeout_s,
-    produce,
+    partition_count,
     producers,
+    send_batch,
     serve,
     wait_for_acks,
 )
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise, to_records
+from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
 from recoverable_sink.transactions import PartitionTransaction
 from recoverable_sink.wal import LOGGED, AttemptInfo, Wal, open_wal, sweep_now_and_then
 
@@ -72,19 +73,18 @@ def _thread(name: str) -> ThreadPoolExecutor:
 class _Partitions:
     """Partition counts of the topics a batch names, from the cluster's metadata, asked once per topic."""
 
-    def __init__(self, producer: Producer, where: str) -> None:
+    def __init__(self, producer: SinkProducer, where: str) -> None:
         self.producer = producer
         self.where = where
         self.counts: dict[str, int] = {}
 
     def __call__(self, topic: str) -> int:
         if topic not in self.counts:
-            meta = self.producer.list_topics(topic, timeout=30).topics.get(topic)
-            if meta is None or meta.error is not None:
-                reason = meta.error.str() if meta is not None and meta.error is not None else "no metadata"
+            count, reason = partition_count(self.producer, topic, 30)
+            if reason is not None:
                 raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}); "
                                   "create it first (the sink does not rely on broker auto-creation)")
-            self.counts[topic] = len(meta.partitions)
+            self.counts[topic] = count
         return self.counts[topic]
 
 
@@ -121,7 +121,7 @@ class PartitionWriter:
     write failed no later batch enters the log."""
 
     def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
-                 faults: FaultPlan | None = None, producer: TrackedProducer | None = None) -> None:
+                 faults: FaultPlan | None = None, producer: SinkProducer | None = None) -> None:
         self.options = options
         self.plan = plan
         self.ident = ident
@@ -180,8 +180,10 @@ class PartitionWriter:
             if self.priors:
                 log.info("%s: found %d earlier attempt(s) in WAL %s; sending only what Kafka never acknowledged",
                          self.where, len(self.priors), self.wal.path)
+        native = isinstance(self.producer, NativeProducer)
         self.message = SinkCommitMessage(write_id=ident.write_id, partition=ident.partition, attempt=ident.attempt,
-                                         host=socket.gethostname(), wal_path=self.wal.path if self.wal else None)
+                                         host=socket.gethostname(), wal_path=self.wal.path if self.wal else None,
+                                         producer="native" if native else "confluent")
 
     def _resume_after_committed(self) -> None:
         """exactly_once, a marker found: under transactions an earlier attempt's records count only if its
@@ -270,11 +272,9 @@ class PartitionWriter:
         if pending.stored is not None:
             self.message.wal_bytes += pending.stored.result()
         try:
-            batch = pending.batch
             with _no_collection():
-                self.message.published += produce(self.producer, to_records(batch), self.plan.topic_option,
-                                                  pending.first, None, self.tracker, self.options.scrub,
-                                                  lambda: to_records(batch))
+                self.message.published += send_batch(self.producer, pending.batch, self.plan.topic_option,
+                                                     pending.first, None, self.tracker, self.options.scrub)
         except (DeliveryError, RecordError) as exc:
             raise self._located(exc) from None
         end = pending.first + pending.batch.num_rows

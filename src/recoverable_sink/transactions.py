@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, 
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.delivery import TrackedProducer, delivery_timeout_s
+from recoverable_sink.delivery import NativeProducer, SinkProducer, delivery_timeout_s, new_producer
 from recoverable_sink.errors import DeliveryError, transaction_problem
 from recoverable_sink.options import SinkOptions, client_config
 
@@ -73,7 +73,7 @@ class PartitionTransaction:
         self.partition = partition
         self.where = where
         self.txn_id = transactional_id(options, write_id, partition)
-        self.producer: TrackedProducer | None = None
+        self.producer: SinkProducer | None = None
         self.in_transaction = False
         self.marker: dict | None = None  # the committed marker open() found, if any
 
@@ -89,7 +89,7 @@ class PartitionTransaction:
         checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once."""
         conf = {**self.options.producer_config(), "transactional.id": self.txn_id}
         try:
-            self.producer = TrackedProducer(conf)
+            self.producer = new_producer(conf, self.options.native_producer)
             self.producer.init_transactions(_init_timeout_s(self.options))
         except KafkaException as exc:
             # A producer left to the garbage collector would go on asking for a producer id, and once the
@@ -168,16 +168,24 @@ class PartitionTransaction:
         metadata = json.dumps({"write_id": self.write_id, "partition": self.partition, "topic": marker_topic,
                                "records": records, "attempts": attempts, "host": socket.gethostname(),
                                "wal": wal, "committed_at": round(time.time(), 3)})
-        consumer = Consumer({**client_config(self.options), "group.id": self.txn_id,
-                             "enable.auto.commit": "false"})
         try:
-            group = consumer.consumer_group_metadata()
-            marker = TopicPartition(marker_topic, 0, records, metadata)
-            self.producer.send_offsets_to_transaction([marker], group, 60)
+            if isinstance(self.producer, NativeProducer):  # the group's metadata needs no consumer there
+                self.producer.send_marker(self.txn_id, marker_topic, 0, records, metadata, 60)
+            else:
+                self._send_marker_by_consumer(marker_topic, records, metadata)
             self.producer.commit_transaction(timeout_s)
             self.in_transaction = False
         except KafkaException as exc:
             raise self._fail(exc, "committing the transaction") from None
+
+    def _send_marker_by_consumer(self, marker_topic: str, records: int, metadata: str) -> None:
+        """confluent-kafka takes a group's metadata only from a consumer (which never subscribes here)."""
+        assert self.producer is not None and not isinstance(self.producer, NativeProducer)
+        consumer = Consumer({**client_config(self.options), "group.id": self.txn_id,
+                             "enable.auto.commit": "false"})
+        try:
+            marker = TopicPartition(marker_topic, 0, records, metadata)
+            self.producer.send_offsets_to_transaction([marker], consumer.consumer_group_metadata(), 60)
         finally:
             consumer.close()
 

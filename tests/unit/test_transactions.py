@@ -52,7 +52,7 @@ def producers(monkeypatch: pytest.MonkeyPatch):
     _Producer.made = []
 
     def install(init_fails: bool) -> list[_Producer]:
-        monkeypatch.setattr(transactions, "TrackedProducer", lambda conf: _Producer(conf, init_fails))
+        monkeypatch.setattr(transactions, "new_producer", lambda conf, native: _Producer(conf, init_fails))
         monkeypatch.setattr(transactions.PartitionTransaction, "read_marker", lambda self: None)
         return _Producer.made
 

@@ -1,0 +1,781 @@
+/* The sink's producer loop in C: Arrow buffers straight into librdkafka, no per-record Python object.
+ *
+ * Why: with confluent-kafka each record costs a produce() call (argument parsing, a bytes object per key and
+ * value, a small state per record for its delivery report) and poll() takes the GIL once per acknowledged
+ * record. Here a batch is handed over in one call that holds no GIL, and librdkafka itself keeps only
+ * failure reports (delivery.report.only.error), which a C callback collects with the record's position
+ * (the message opaque): what succeeded is learnt at drains, as in the Python path.
+ *
+ * librdkafka is not linked: load() opens the library confluent-kafka ships (the same build its producer
+ * uses) or the system's, and looks up the functions below; rdkafka.h (Debian: librdkafka-dev) is needed
+ * only to compile. Every function used here is in librdkafka's stable C API since 1.4.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+#include <librdkafka/rdkafka.h>
+
+#define RK_FUNCS(X)                                                                                        \
+    X(rd_kafka_version_str) X(rd_kafka_conf_new) X(rd_kafka_conf_set) X(rd_kafka_conf_destroy)            \
+    X(rd_kafka_conf_set_dr_msg_cb) X(rd_kafka_conf_set_opaque) X(rd_kafka_new) X(rd_kafka_destroy)         \
+    X(rd_kafka_topic_new) X(rd_kafka_topic_destroy) X(rd_kafka_topic_name) X(rd_kafka_produceva)           \
+    X(rd_kafka_poll) X(rd_kafka_flush) X(rd_kafka_outq_len) X(rd_kafka_purge) X(rd_kafka_fatal_error)      \
+    X(rd_kafka_err2str) X(rd_kafka_headers_new) X(rd_kafka_headers_destroy) X(rd_kafka_header_add)         \
+    X(rd_kafka_metadata) X(rd_kafka_metadata_destroy) X(rd_kafka_init_transactions)                        \
+    X(rd_kafka_begin_transaction) X(rd_kafka_send_offsets_to_transaction) X(rd_kafka_commit_transaction)   \
+    X(rd_kafka_abort_transaction) X(rd_kafka_error_code) X(rd_kafka_error_string)                          \
+    X(rd_kafka_error_is_fatal) X(rd_kafka_error_is_retriable) X(rd_kafka_error_txn_requires_abort)         \
+    X(rd_kafka_error_destroy) X(rd_kafka_consumer_group_metadata_new)                                      \
+    X(rd_kafka_consumer_group_metadata_destroy) X(rd_kafka_topic_partition_list_new)                       \
+    X(rd_kafka_topic_partition_list_add) X(rd_kafka_topic_partition_list_destroy)
+
+#define DECLARE(name) static __typeof__(name) *k_##name;
+RK_FUNCS(DECLARE)
+
+static int loaded = 0;
+static PyObject *KafkaErrorType = NULL, *KafkaExceptionType = NULL;
+
+/* ---- errors -------------------------------------------------------------------------------------------- */
+
+/* Raise confluent-kafka's KafkaException(KafkaError(...)), so callers classify errors one way for both paths. */
+static PyObject *raise_kafka(int code, const char *text, int fatal, int retriable, int txn_requires_abort) {
+    PyObject *kwargs = Py_BuildValue("{s:O,s:O,s:O}", "fatal", fatal ? Py_True : Py_False, "retriable",
+                                     retriable ? Py_True : Py_False, "txn_requires_abort",
+                                     txn_requires_abort ? Py_True : Py_False);
+    PyObject *args = Py_BuildValue("(is)", code, text);
+    PyObject *err = (kwargs && args) ? PyObject_Call(KafkaErrorType, args, kwargs) : NULL;
+    Py_XDECREF(kwargs);
+    Py_XDECREF(args);
+    if (err != NULL) {
+        PyErr_SetObject(KafkaExceptionType, err);
+        Py_DECREF(err);
+    }
+    return NULL;
+}
+
+static PyObject *raise_error(rd_kafka_error_t *error) {
+    raise_kafka(k_rd_kafka_error_code(error), k_rd_kafka_error_string(error), k_rd_kafka_error_is_fatal(error),
+                k_rd_kafka_error_is_retriable(error), k_rd_kafka_error_txn_requires_abort(error));
+    k_rd_kafka_error_destroy(error);
+    return NULL;
+}
+
+/* ---- failure reports ------------------------------------------------------------------------------------ */
+
+#define TOPIC_NAMES_KEPT 32 /* failures whose topic name is kept, for error messages; the rest keep positions */
+
+typedef struct {
+    uint64_t opaque; /* the position the record was sent with: (slot << 32) | row */
+    int32_t err;
+    int32_t partition;
+    char *topic;
+} Failure;
+
+typedef struct {
+    PyObject_HEAD
+    rd_kafka_t *rk;
+    pthread_mutex_t lock; /* failures are appended by whichever thread serves reports */
+    Failure *failures;
+    size_t count, capacity, named;
+} Producer;
+
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
+    (void)rk;
+    Producer *self = opaque;
+    if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
+        return; /* not expected with delivery.report.only.error; an acknowledgement is learnt at a drain */
+    pthread_mutex_lock(&self->lock);
+    if (self->count == self->capacity) {
+        size_t capacity = self->capacity ? self->capacity * 2 : 64;
+        Failure *grown = realloc(self->failures, capacity * sizeof(Failure));
+        if (grown == NULL) {
+            /* Counted as failed nowhere: the drain would count it acknowledged. Stop instead of lying. */
+            fprintf(stderr, "recoverable_sink._produce: out of memory recording a failed delivery\n");
+            abort();
+        }
+        self->failures = grown;
+        self->capacity = capacity;
+    }
+    Failure *f = &self->failures[self->count++];
+    f->opaque = (uint64_t)(uintptr_t)msg->_private;
+    f->err = msg->err;
+    f->partition = msg->partition;
+    f->topic = NULL;
+    if (self->named < TOPIC_NAMES_KEPT && msg->rkt != NULL) {
+        f->topic = strdup(k_rd_kafka_topic_name(msg->rkt));
+        self->named++;
+    }
+    pthread_mutex_unlock(&self->lock);
+}
+
+/* ---- Arrow columns ---------------------------------------------------------------------------------------- */
+
+/* A binary or string column: (validity or None, offsets, data or None, offset, wide offsets). */
+typedef struct {
+    Py_buffer valid, offs, data;
+    int has_valid, has_offs, has_data, wide;
+    Py_ssize_t offset;
+} BinCol;
+
+/* An integer column: (validity or None, values, offset). */
+typedef struct {
+    Py_buffer valid, values;
+    int has_valid, has_values, width;
+    Py_ssize_t offset;
+} IntCol;
+
+static const char EMPTY[1] = {0};
+
+static void bin_release(BinCol *c) {
+    if (c->has_valid) PyBuffer_Release(&c->valid);
+    if (c->has_offs) PyBuffer_Release(&c->offs);
+    if (c->has_data) PyBuffer_Release(&c->data);
+    c->has_valid = c->has_offs = c->has_data = 0;
+}
+
+static void int_release(IntCol *c) {
+    if (c->has_valid) PyBuffer_Release(&c->valid);
+    if (c->has_values) PyBuffer_Release(&c->values);
+    c->has_valid = c->has_values = 0;
+}
+
+static int get_buffer(PyObject *obj, Py_buffer *view, int *has) {
+    if (obj == Py_None)
+        return 0;
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    *has = 1;
+    return 0;
+}
+
+static int valid_bits_cover(Py_buffer *valid, Py_ssize_t offset, Py_ssize_t n, const char *what) {
+    if ((offset + n + 7) / 8 > valid->len) {
+        PyErr_Format(PyExc_ValueError, "%s: validity bitmap shorter than its rows", what);
+        return -1;
+    }
+    return 0;
+}
+
+static int bin_parse(PyObject *t, Py_ssize_t n, BinCol *c, const char *what) {
+    PyObject *valid, *offs, *data;
+    int wide;
+    memset(c, 0, sizeof(*c));
+    if (!PyArg_ParseTuple(t, "OOOnp", &valid, &offs, &data, &c->offset, &wide))
+        return -1;
+    c->wide = wide;
+    if (get_buffer(valid, &c->valid, &c->has_valid) < 0 || get_buffer(offs, &c->offs, &c->has_offs) < 0 ||
+        get_buffer(data, &c->data, &c->has_data) < 0)
+        goto fail;
+    if (c->has_valid && valid_bits_cover(&c->valid, c->offset, n, what) < 0)
+        goto fail;
+    /* Arrow offsets are non-decreasing: checking the first and the last keeps every slice inside data. */
+    Py_ssize_t width = wide ? 8 : 4;
+    if (!c->has_offs || c->offset < 0 || (c->offset + n + 1) * width > c->offs.len) {
+        PyErr_Format(PyExc_ValueError, "%s: offsets shorter than its rows", what);
+        goto fail;
+    }
+    int64_t first = wide ? ((const int64_t *)c->offs.buf)[c->offset] : ((const int32_t *)c->offs.buf)[c->offset];
+    int64_t last = wide ? ((const int64_t *)c->offs.buf)[c->offset + n]
+                        : ((const int32_t *)c->offs.buf)[c->offset + n];
+    if (first < 0 || last < first || last > (c->has_data ? c->data.len : 0)) {
+        PyErr_Format(PyExc_ValueError, "%s: offsets outside its data", what);
+        goto fail;
+    }
+    return 0;
+fail:
+    bin_release(c);
+    return -1;
+}
+
+static int int_parse(PyObject *t, Py_ssize_t n, int width, IntCol *c, const char *what) {
+    PyObject *valid, *values;
+    memset(c, 0, sizeof(*c));
+    c->width = width;
+    if (!PyArg_ParseTuple(t, "OOn", &valid, &values, &c->offset))
+        return -1;
+    if (get_buffer(valid, &c->valid, &c->has_valid) < 0 || get_buffer(values, &c->values, &c->has_values) < 0)
+        goto fail;
+    if (c->has_valid && valid_bits_cover(&c->valid, c->offset, n, what) < 0)
+        goto fail;
+    if (!c->has_values || c->offset < 0 || (c->offset + n) * width > c->values.len) {
+        PyErr_Format(PyExc_ValueError, "%s: values shorter than its rows", what);
+        goto fail;
+    }
+    return 0;
+fail:
+    int_release(c);
+    return -1;
+}
+
+static inline int is_valid(const Py_buffer *valid, int has_valid, Py_ssize_t i) {
+    return !has_valid || (((const uint8_t *)valid->buf)[i >> 3] >> (i & 7)) & 1;
+}
+
+/* Row i of a binary column: 0 for null, else 1 with its bytes (an empty value points at EMPTY, not NULL,
+ * since librdkafka reads a NULL pointer as a null value). */
+static inline int bin_get(const BinCol *c, Py_ssize_t i, const char **ptr, size_t *len) {
+    Py_ssize_t j = c->offset + i;
+    if (!is_valid(&c->valid, c->has_valid, j))
+        return 0;
+    int64_t start, end;
+    if (c->wide) {
+        start = ((const int64_t *)c->offs.buf)[j];
+        end = ((const int64_t *)c->offs.buf)[j + 1];
+    } else {
+        start = ((const int32_t *)c->offs.buf)[j];
+        end = ((const int32_t *)c->offs.buf)[j + 1];
+    }
+    *len = (size_t)(end - start);
+    *ptr = *len ? (const char *)c->data.buf + start : EMPTY;
+    return 1;
+}
+
+static inline int int_get(const IntCol *c, Py_ssize_t i, int64_t *value) {
+    Py_ssize_t j = c->offset + i;
+    if (!is_valid(&c->valid, c->has_valid, j))
+        return 0;
+    *value = c->width == 8 ? ((const int64_t *)c->values.buf)[j] : ((const int32_t *)c->values.buf)[j];
+    return 1;
+}
+
+/* ---- the producer ------------------------------------------------------------------------------------------ */
+
+static int check_loaded(void) {
+    if (!loaded) {
+        PyErr_SetString(PyExc_RuntimeError, "librdkafka is not loaded: call _produce.load() first");
+        return -1;
+    }
+    return 0;
+}
+
+static int check_open(Producer *self) {
+    if (self->rk == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the producer is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static int Producer_init(Producer *self, PyObject *args, PyObject *kwargs) {
+    PyObject *config, *key, *value;
+    Py_ssize_t pos = 0;
+    char errstr[512];
+    if (check_loaded() < 0 || !PyArg_ParseTuple(args, "O!", &PyDict_Type, &config))
+        return -1;
+    if (self->rk != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the producer is already initialised");
+        return -1;
+    }
+    rd_kafka_conf_t *conf = k_rd_kafka_conf_new();
+    while (PyDict_Next(config, &pos, &key, &value)) {
+        const char *k = PyUnicode_AsUTF8(key), *v = PyUnicode_AsUTF8(value);
+        if (k == NULL || v == NULL) {
+            k_rd_kafka_conf_destroy(conf);
+            return -1;
+        }
+        if (k_rd_kafka_conf_set(conf, k, v, errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+            k_rd_kafka_conf_destroy(conf);
+            raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG, errstr, 0, 0, 0);
+            return -1;
+        }
+    }
+    if (k_rd_kafka_conf_set(conf, "delivery.report.only.error", "true", errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+        k_rd_kafka_conf_destroy(conf);
+        raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG, errstr, 0, 0, 0);
+        return -1;
+    }
+    k_rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+    k_rd_kafka_conf_set_opaque(conf, self);
+    rd_kafka_t *rk = k_rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr); /* owns conf on success */
+    if (rk == NULL) {
+        k_rd_kafka_conf_destroy(conf);
+        raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG, errstr, 0, 0, 0);
+        return -1;
+    }
+    self->rk = rk;
+    return 0;
+}
+
+static PyObject *Producer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    Producer *self = (Producer *)type->tp_alloc(type, 0);
+    if (self != NULL)
+        pthread_mutex_init(&self->lock, NULL);
+    return (PyObject *)self;
+}
+
+static void free_failures(Failure *failures, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        free(failures[i].topic);
+    free(failures);
+}
+
+static void close_rk(Producer *self) {
+    rd_kafka_t *rk = self->rk;
+    self->rk = NULL;
+    if (rk != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        k_rd_kafka_destroy(rk);
+        Py_END_ALLOW_THREADS
+    }
+}
+
+static void Producer_dealloc(Producer *self) {
+    close_rk(self);
+    free_failures(self->failures, self->count);
+    pthread_mutex_destroy(&self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* A fatal error (a fenced transactional producer, a broken idempotence guarantee) as a KafkaException. */
+static int check_fatal(Producer *self) {
+    char errstr[512];
+    rd_kafka_resp_err_t err = k_rd_kafka_fatal_error(self->rk, errstr, sizeof errstr);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+        raise_kafka(err, errstr, 1, 0, 0);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Producer_poll(Producer *self, PyObject *args) {
+    double timeout = 0;
+    int served;
+    if (!PyArg_ParseTuple(args, "|d", &timeout) || check_open(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    served = k_rd_kafka_poll(self->rk, (int)(timeout * 1000));
+    Py_END_ALLOW_THREADS
+    if (check_fatal(self) < 0)
+        return NULL;
+    return PyLong_FromLong(served);
+}
+
+static PyObject *Producer_flush(Producer *self, PyObject *args) {
+    double timeout = -1;
+    if (!PyArg_ParseTuple(args, "|d", &timeout) || check_open(self) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    k_rd_kafka_flush(self->rk, timeout < 0 ? -1 : (int)(timeout * 1000));
+    Py_END_ALLOW_THREADS
+    if (check_fatal(self) < 0)
+        return NULL;
+    return PyLong_FromLong(k_rd_kafka_outq_len(self->rk));
+}
+
+static Py_ssize_t Producer_len(Producer *self) {
+    return self->rk == NULL ? 0 : k_rd_kafka_outq_len(self->rk);
+}
+
+static PyObject *Producer_purge(Producer *self, PyObject *unused) {
+    if (check_open(self) < 0)
+        return NULL;
+    k_rd_kafka_purge(self->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT | RD_KAFKA_PURGE_F_NON_BLOCKING);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Producer_close(Producer *self, PyObject *unused) {
+    close_rk(self);
+    Py_RETURN_NONE;
+}
+
+/* The failure reports served since the last call: [(opaque, error code, partition, topic or None)]. */
+static PyObject *Producer_take_failures(Producer *self, PyObject *unused) {
+    pthread_mutex_lock(&self->lock);
+    Failure *failures = self->failures;
+    size_t count = self->count;
+    self->failures = NULL;
+    self->count = self->capacity = 0;
+    pthread_mutex_unlock(&self->lock);
+    PyObject *out = PyList_New((Py_ssize_t)count);
+    for (size_t i = 0; out != NULL && i < count; i++) {
+        Failure *f = &failures[i];
+        PyObject *item = Py_BuildValue("(Kiiz)", (unsigned long long)f->opaque, f->err, f->partition, f->topic);
+        if (item == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
+    }
+    free_failures(failures, count);
+    return out;
+}
+
+#define TOPIC_MAX 256
+
+typedef struct {
+    BinCol value, key, topics, hkeys, hvalues;
+    IntCol partitions, timestamps, hoffs;
+    Py_buffer hvalid;
+    int has_key, has_topics, has_partitions, has_timestamps, has_headers, has_hvalid;
+    Py_ssize_t hoffset;
+} Columns;
+
+static void columns_release(Columns *c) {
+    bin_release(&c->value);
+    bin_release(&c->key);
+    bin_release(&c->topics);
+    bin_release(&c->hkeys);
+    bin_release(&c->hvalues);
+    int_release(&c->partitions);
+    int_release(&c->timestamps);
+    int_release(&c->hoffs);
+    if (c->has_hvalid)
+        PyBuffer_Release(&c->hvalid);
+    c->has_hvalid = 0;
+}
+
+/* headers: (list validity or None, list offsets, list offset, keys column, values column) */
+static int headers_parse(PyObject *t, Py_ssize_t n, Columns *c) {
+    PyObject *valid, *offs, *keys, *values;
+    if (!PyArg_ParseTuple(t, "OOnOO", &valid, &offs, &c->hoffset, &keys, &values))
+        return -1;
+    if (get_buffer(valid, &c->hvalid, &c->has_hvalid) < 0)
+        return -1;
+    if (c->has_hvalid && valid_bits_cover(&c->hvalid, c->hoffset, n, "headers") < 0)
+        return -1;
+    PyObject *offs_col = Py_BuildValue("(OOn)", Py_None, offs, c->hoffset);
+    if (offs_col == NULL)
+        return -1;
+    int rc = int_parse(offs_col, n + 1, 4, &c->hoffs, "header offsets");
+    Py_DECREF(offs_col);
+    if (rc < 0)
+        return -1;
+    const int32_t *o = (const int32_t *)c->hoffs.values.buf + c->hoffset;
+    Py_ssize_t items = o[n];
+    if (o[0] < 0 || items < o[0])
+        return PyErr_SetString(PyExc_ValueError, "headers: offsets out of order"), -1;
+    if (bin_parse(keys, items, &c->hkeys, "header keys") < 0 || bin_parse(values, items, &c->hvalues, "header values") < 0)
+        return -1;
+    c->has_headers = 1;
+    return 0;
+}
+
+/* send(topic, rows, slot, value, key, topics, partitions, timestamps, headers) -> (handed, error code, text)
+ *
+ * Hands rows [0, rows) to librdkafka in order, each with the opaque (slot << 32) | row. When librdkafka's
+ * queue is full it serves reports and retries the same row, so nothing is dropped and order is kept. Stops at
+ * the first row librdkafka refuses for another reason: `handed` rows went out, the refused row and those
+ * after it did not (error code 0: all went out). */
+static PyObject *Producer_send(Producer *self, PyObject *args) {
+    PyObject *topic_obj, *value_t, *key_t, *topics_t, *partitions_t, *timestamps_t, *headers_t;
+    Py_ssize_t n;
+    unsigned long long slot;
+    Columns c;
+    memset(&c, 0, sizeof c);
+    if (!PyArg_ParseTuple(args, "OnKOOOOOO", &topic_obj, &n, &slot, &value_t, &key_t, &topics_t, &partitions_t,
+                          &timestamps_t, &headers_t) ||
+        check_open(self) < 0)
+        return NULL;
+    if (n < 0 || n > 0xffffffffLL || slot > 0xffffffffULL)
+        return PyErr_Format(PyExc_ValueError, "rows and slot must fit in 32 bits");
+    if (bin_parse(value_t, n, &c.value, "value") < 0)
+        goto fail;
+    if (key_t != Py_None) {
+        if (bin_parse(key_t, n, &c.key, "key") < 0)
+            goto fail;
+        c.has_key = 1;
+    }
+    if (topics_t != Py_None) {
+        if (bin_parse(topics_t, n, &c.topics, "topic") < 0)
+            goto fail;
+        c.has_topics = 1;
+    }
+    if (partitions_t != Py_None) {
+        if (int_parse(partitions_t, n, 4, &c.partitions, "partition") < 0)
+            goto fail;
+        c.has_partitions = 1;
+    }
+    if (timestamps_t != Py_None) {
+        if (int_parse(timestamps_t, n, 8, &c.timestamps, "timestamp") < 0)
+            goto fail;
+        c.has_timestamps = 1;
+    }
+    if (headers_t != Py_None && headers_parse(headers_t, n, &c) < 0)
+        goto fail;
+    rd_kafka_topic_t *rkt = NULL;
+    if (!c.has_topics) {
+        const char *name = PyUnicode_AsUTF8(topic_obj);
+        if (name == NULL)
+            goto fail;
+        rkt = k_rd_kafka_topic_new(self->rk, name, NULL);
+        if (rkt == NULL) {
+            PyErr_Format(PyExc_ValueError, "cannot use topic %s", name);
+            goto fail;
+        }
+    }
+
+    Py_ssize_t i = 0;
+    rd_kafka_resp_err_t stop = RD_KAFKA_RESP_ERR_NO_ERROR;
+    char stop_text[512] = "";
+    Py_BEGIN_ALLOW_THREADS
+    char topic_name[TOPIC_MAX];
+    for (; i < n; i++) {
+        rd_kafka_vu_t vu[8];
+        size_t cnt = 0;
+        const char *ptr;
+        size_t len;
+        int64_t num;
+        if (rkt != NULL) {
+            vu[cnt].vtype = RD_KAFKA_VTYPE_RKT;
+            vu[cnt++].u.rkt = rkt;
+        } else {
+            if (!bin_get(&c.topics, i, &ptr, &len) || len >= TOPIC_MAX) {
+                stop = RD_KAFKA_RESP_ERR__INVALID_ARG;
+                snprintf(stop_text, sizeof stop_text, "the topic is null or longer than %d bytes", TOPIC_MAX - 1);
+                break;
+            }
+            memcpy(topic_name, ptr, len);
+            topic_name[len] = 0;
+            vu[cnt].vtype = RD_KAFKA_VTYPE_TOPIC;
+            vu[cnt++].u.cstr = topic_name;
+        }
+        vu[cnt].vtype = RD_KAFKA_VTYPE_VALUE;
+        if (bin_get(&c.value, i, &ptr, &len)) {
+            vu[cnt].u.mem.ptr = (void *)ptr;
+            vu[cnt++].u.mem.size = len;
+        } else {
+            vu[cnt].u.mem.ptr = NULL;
+            vu[cnt++].u.mem.size = 0;
+        }
+        if (c.has_key && bin_get(&c.key, i, &ptr, &len)) {
+            vu[cnt].vtype = RD_KAFKA_VTYPE_KEY;
+            vu[cnt].u.mem.ptr = (void *)ptr;
+            vu[cnt++].u.mem.size = len;
+        }
+        if (c.has_partitions && int_get(&c.partitions, i, &num)) {
+            vu[cnt].vtype = RD_KAFKA_VTYPE_PARTITION;
+            vu[cnt++].u.i32 = (int32_t)num;
+        }
+        if (c.has_timestamps && int_get(&c.timestamps, i, &num)) {
+            vu[cnt].vtype = RD_KAFKA_VTYPE_TIMESTAMP;
+            vu[cnt++].u.i64 = num;
+        }
+        rd_kafka_headers_t *hdrs = NULL;
+        if (c.has_headers && is_valid(&c.hvalid, c.has_hvalid, c.hoffset + i)) {
+            const int32_t *o = (const int32_t *)c.hoffs.values.buf + c.hoffset;
+            if (o[i + 1] > o[i]) {
+                hdrs = k_rd_kafka_headers_new((size_t)(o[i + 1] - o[i]));
+                for (int32_t h = o[i]; h < o[i + 1]; h++) {
+                    const char *name = EMPTY, *val = NULL;
+                    size_t name_len = 0, val_len = 0;
+                    bin_get(&c.hkeys, h, &name, &name_len); /* null keys were refused before the WAL */
+                    if (!bin_get(&c.hvalues, h, &val, &val_len))
+                        val = NULL;
+                    k_rd_kafka_header_add(hdrs, name, (ssize_t)name_len, val, val ? (ssize_t)val_len : 0);
+                }
+                vu[cnt].vtype = RD_KAFKA_VTYPE_HEADERS;
+                vu[cnt++].u.headers = hdrs;
+            }
+        }
+        vu[cnt].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
+        vu[cnt++].u.i = RD_KAFKA_MSG_F_COPY;
+        vu[cnt].vtype = RD_KAFKA_VTYPE_OPAQUE;
+        vu[cnt++].u.ptr = (void *)(uintptr_t)((slot << 32) | (uint64_t)i);
+        for (;;) {
+            rd_kafka_error_t *error = k_rd_kafka_produceva(self->rk, vu, cnt);
+            if (error == NULL)
+                break; /* librdkafka owns the headers now */
+            rd_kafka_resp_err_t code = k_rd_kafka_error_code(error);
+            if (code == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                k_rd_kafka_error_destroy(error);
+                k_rd_kafka_poll(self->rk, 50); /* room is made as acknowledgements come back */
+                continue;
+            }
+            stop = code;
+            snprintf(stop_text, sizeof stop_text, "%s", k_rd_kafka_error_string(error));
+            k_rd_kafka_error_destroy(error);
+            if (hdrs != NULL)
+                k_rd_kafka_headers_destroy(hdrs);
+            break;
+        }
+        if (stop != RD_KAFKA_RESP_ERR_NO_ERROR)
+            break;
+    }
+    if (rkt != NULL)
+        k_rd_kafka_topic_destroy(rkt);
+    Py_END_ALLOW_THREADS
+    columns_release(&c);
+    return Py_BuildValue("(nis)", i, (int)stop, stop_text);
+fail:
+    columns_release(&c);
+    return NULL;
+}
+
+/* partition_count(topic, timeout) -> (count, error code, text): count -1 when the topic has an error. */
+static PyObject *Producer_partition_count(Producer *self, PyObject *args) {
+    const char *topic;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "sd", &topic, &timeout) || check_open(self) < 0)
+        return NULL;
+    rd_kafka_topic_t *rkt = k_rd_kafka_topic_new(self->rk, topic, NULL);
+    if (rkt == NULL)
+        return Py_BuildValue("(iis)", -1, RD_KAFKA_RESP_ERR__INVALID_ARG, "invalid topic name");
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t err;
+    Py_BEGIN_ALLOW_THREADS
+    err = k_rd_kafka_metadata(self->rk, 0, rkt, &md, (int)(timeout * 1000));
+    Py_END_ALLOW_THREADS
+    k_rd_kafka_topic_destroy(rkt);
+    if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return raise_kafka(err, k_rd_kafka_err2str(err), 0, 1, 0);
+    PyObject *out;
+    if (md->topic_cnt < 1)
+        out = Py_BuildValue("(iis)", -1, RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC, "no metadata");
+    else if (md->topics[0].err != RD_KAFKA_RESP_ERR_NO_ERROR)
+        out = Py_BuildValue("(iis)", -1, md->topics[0].err, k_rd_kafka_err2str(md->topics[0].err));
+    else
+        out = Py_BuildValue("(iis)", md->topics[0].partition_cnt, 0, "");
+    k_rd_kafka_metadata_destroy(md);
+    return out;
+}
+
+/* ---- transactions (exactly_once) ---------------------------------------------------------------------------- */
+
+#define TXN_CALL(call)                                                                                       \
+    do {                                                                                                     \
+        rd_kafka_error_t *error;                                                                             \
+        Py_BEGIN_ALLOW_THREADS error = (call);                                                               \
+        Py_END_ALLOW_THREADS if (error != NULL) return raise_error(error);                                   \
+    } while (0)
+
+static PyObject *Producer_init_transactions(Producer *self, PyObject *args) {
+    double timeout;
+    if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
+        return NULL;
+    TXN_CALL(k_rd_kafka_init_transactions(self->rk, (int)(timeout * 1000)));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Producer_begin_transaction(Producer *self, PyObject *unused) {
+    if (check_open(self) < 0)
+        return NULL;
+    TXN_CALL(k_rd_kafka_begin_transaction(self->rk));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Producer_commit_transaction(Producer *self, PyObject *args) {
+    double timeout;
+    if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
+        return NULL;
+    TXN_CALL(k_rd_kafka_commit_transaction(self->rk, (int)(timeout * 1000)));
+    Py_RETURN_NONE;
+}
+
+static PyObject *Producer_abort_transaction(Producer *self, PyObject *args) {
+    double timeout;
+    if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
+        return NULL;
+    TXN_CALL(k_rd_kafka_abort_transaction(self->rk, (int)(timeout * 1000)));
+    Py_RETURN_NONE;
+}
+
+/* send_offset(group, topic, partition, offset, metadata, timeout): one consumer-group offset into the open
+ * transaction (the commit marker); the group's metadata needs no consumer. */
+static PyObject *Producer_send_offset(Producer *self, PyObject *args) {
+    const char *group, *topic, *metadata;
+    int partition;
+    long long offset;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "ssiLsd", &group, &topic, &partition, &offset, &metadata, &timeout) ||
+        check_open(self) < 0)
+        return NULL;
+    rd_kafka_topic_partition_list_t *offsets = k_rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_t *tp = k_rd_kafka_topic_partition_list_add(offsets, topic, partition);
+    tp->offset = offset;
+    tp->metadata = strdup(metadata); /* freed with the list */
+    tp->metadata_size = strlen(metadata);
+    rd_kafka_consumer_group_metadata_t *cgmd = k_rd_kafka_consumer_group_metadata_new(group);
+    rd_kafka_error_t *error;
+    Py_BEGIN_ALLOW_THREADS
+    error = k_rd_kafka_send_offsets_to_transaction(self->rk, offsets, cgmd, (int)(timeout * 1000));
+    Py_END_ALLOW_THREADS
+    k_rd_kafka_consumer_group_metadata_destroy(cgmd);
+    k_rd_kafka_topic_partition_list_destroy(offsets);
+    if (error != NULL)
+        return raise_error(error);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Producer_methods[] = {
+    {"send", (PyCFunction)Producer_send, METH_VARARGS, "Hand Arrow columns' rows to librdkafka, in order."},
+    {"poll", (PyCFunction)Producer_poll, METH_VARARGS, "Serve reports, waiting up to timeout seconds."},
+    {"flush", (PyCFunction)Producer_flush, METH_VARARGS, "Wait up to timeout for the queue to empty; returns what is left."},
+    {"purge", (PyCFunction)Producer_purge, METH_NOARGS, "Drop queued and in-flight records (reported failed)."},
+    {"close", (PyCFunction)Producer_close, METH_NOARGS, "Destroy the librdkafka handle."},
+    {"take_failures", (PyCFunction)Producer_take_failures, METH_NOARGS, "Failure reports since the last call."},
+    {"partition_count", (PyCFunction)Producer_partition_count, METH_VARARGS, "A topic's partition count."},
+    {"init_transactions", (PyCFunction)Producer_init_transactions, METH_VARARGS, NULL},
+    {"begin_transaction", (PyCFunction)Producer_begin_transaction, METH_NOARGS, NULL},
+    {"commit_transaction", (PyCFunction)Producer_commit_transaction, METH_VARARGS, NULL},
+    {"abort_transaction", (PyCFunction)Producer_abort_transaction, METH_VARARGS, NULL},
+    {"send_offset", (PyCFunction)Producer_send_offset, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Producer_as_sequence = {.sq_length = (lenfunc)Producer_len};
+
+static PyTypeObject ProducerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "recoverable_sink._produce.Producer",
+    .tp_basicsize = sizeof(Producer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "A librdkafka producer fed from Arrow buffers; only failures are reported.",
+    .tp_new = Producer_new,
+    .tp_init = (initproc)Producer_init,
+    .tp_dealloc = (destructor)Producer_dealloc,
+    .tp_methods = Producer_methods,
+    .tp_as_sequence = &Producer_as_sequence,
+};
+
+/* ---- the module ------------------------------------------------------------------------------------------- */
+
+/* load(path) -> librdkafka's version: open the library and look up every function used here. */
+static PyObject *load(PyObject *module, PyObject *args) {
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    if (loaded)
+        return PyUnicode_FromString(k_rd_kafka_version_str());
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL)
+        return PyErr_Format(PyExc_OSError, "cannot open %s: %s", path, dlerror());
+#define LOOKUP(name)                                                                                         \
+    k_##name = (__typeof__(name) *)dlsym(lib, #name);                                                        \
+    if (k_##name == NULL) {                                                                                  \
+        dlclose(lib);                                                                                        \
+        return PyErr_Format(PyExc_OSError, "%s has no %s", path, #name);                                     \
+    }
+    RK_FUNCS(LOOKUP)
+    loaded = 1; /* the library stays open for the life of the process */
+    return PyUnicode_FromString(k_rd_kafka_version_str());
+}
+
+static PyMethodDef module_methods[] = {
+    {"load", load, METH_VARARGS, "Open librdkafka at path; returns its version."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_produce", NULL, -1, module_methods};
+
+PyMODINIT_FUNC PyInit__produce(void) {
+    PyObject *kafka = PyImport_ImportModule("confluent_kafka");
+    if (kafka == NULL)
+        return NULL;
+    KafkaErrorType = PyObject_GetAttrString(kafka, "KafkaError");
+    KafkaExceptionType = PyObject_GetAttrString(kafka, "KafkaException");
+    Py_DECREF(kafka);
+    if (KafkaErrorType == NULL || KafkaExceptionType == NULL || PyType_Ready(&ProducerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&ProducerType);
+    if (PyModule_AddObject(m, "Producer", (PyObject *)&ProducerType) < 0) {
+        Py_DECREF(&ProducerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,115 @@
+"""The native producer (the ``_produce`` extension): Arrow buffers into librdkafka, failures by position.
+
+No broker here: librdkafka's in-process mock cluster (``test.mock.num.brokers``) stands in for the happy path,
+and an address nothing listens on for the failure path. What lands in a real topic, field by field, is checked
+against a real broker in tests/integration (both producers, the same tests)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from recoverable_sink import delivery
+from recoverable_sink.delivery import DeliveryTracker, NativeProducer, drain, send_batch, wait_for_acks
+from recoverable_sink.errors import RecordError
+from recoverable_sink.records import producer_columns
+
+pytestmark = pytest.mark.skipif(delivery.native_module() is None,
+                                reason="the _produce extension is not built here (no rdkafka.h at install)")
+
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def _mock(**conf: str) -> NativeProducer:
+    return NativeProducer({"bootstrap.servers": "mock", "test.mock.num.brokers": "1", "enable.idempotence": "true",
+                           "acks": "all", **conf})
+
+
+def _batch(n: int, start: int = 0) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"key": [b"k%d" % (i % 7) for i in range(start, start + n)],
+                                       "value": [b"v%d" % i for i in range(start, start + n)]})
+
+
+def test_every_row_handed_over_is_acknowledged_at_the_drain() -> None:
+    producer = _mock()
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    for first in (0, 500, 1000):
+        assert send_batch(producer, _batch(500, first), "t", first, None, tracker, str) == 500
+    wait_for_acks(producer, tracker, 30)
+    assert tracker.produced == tracker.acked == 1500 and tracker.failed == 0
+    assert [bytes(tracker.bitmaps[f]) for f in (0, 500, 1000)] == [b"\x01" * 500] * 3
+
+
+def test_skipped_rows_count_as_acknowledged_and_the_rest_are_sent() -> None:
+    producer = _mock()
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    skip = [i % 3 == 0 for i in range(30)]
+    assert send_batch(producer, _batch(30), "t", 0, skip, tracker, str) == 20
+    wait_for_acks(producer, tracker, 30)
+    assert tracker.produced == tracker.acked == 20
+    assert bytes(tracker.bitmaps[0]) == b"\x01" * 30
+
+
+def test_a_failure_report_names_the_exact_row_that_failed() -> None:
+    """Nothing listens on port 1: every record times out, and each report names its own segment and row."""
+    producer = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "300",
+                               "enable.idempotence": "true", "acks": "all", "log_level": "0"})
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    skip = [i in (1, 4) for i in range(6)]
+    send_batch(producer, _batch(6), "t", 0, skip, tracker, str)
+    send_batch(producer, _batch(3, 6), "t", 6, None, tracker, str)
+    drain(producer, tracker, 10)
+    assert tracker.failed == 7 and tracker.outstanding == 0
+    # The skipped rows were delivered earlier; every row that was sent failed, and no other.
+    assert list(tracker.bitmaps[0]) == [0, 1, 0, 0, 1, 0]
+    assert list(tracker.bitmaps[6]) == [0, 0, 0]
+    assert "_MSG_TIMED_OUT" in (tracker.first_error() or "")
+
+
+def test_a_record_over_message_max_bytes_is_refused_by_position_and_the_rows_before_it_go_out() -> None:
+    producer = _mock(**{"message.max.bytes": "1000"})
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    batch = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c" * 5000, b"d"]})
+    with pytest.raises(RecordError, match="record 12 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
+        send_batch(producer, batch, "t", 10, None, tracker, str)
+    assert tracker.produced == 2
+    wait_for_acks(producer, tracker, 30)
+    assert list(tracker.bitmaps[10]) == [1, 1, 0, 0]
+
+
+def test_every_column_shape_is_accepted_sliced_or_not() -> None:
+    """Nulls, empty values, string and binary, partitions, timestamps, headers, and a batch that is a slice of a
+    larger one (Arrow offsets that do not start at 0) all go out."""
+    batch = pa.RecordBatch.from_pydict({
+        "key": pa.array(["a", None, "", "d", "e"], pa.string()),
+        "value": pa.array([b"1", b"", None, b"4", b"5"]),
+        "partition": pa.array([0, None, 0, 0, 0], pa.int32()),
+        "timestamp": pa.array([1_700_000_000_000, None, 1, 2, 3], pa.int64()),
+        "headers": pa.array([[("h", b"x"), ("n", None)], None, [], [("h", b"")], None], HEADERS),
+    })
+    producer = _mock()
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    assert send_batch(producer, batch, "t", 0, None, tracker, str) == 5
+    assert send_batch(producer, batch.slice(2), "t", 5, None, tracker, str) == 3
+    wait_for_acks(producer, tracker, 30)
+    assert tracker.acked == 8 and tracker.failed == 0
+
+
+def test_columns_shorter_than_their_rows_are_refused_before_anything_is_sent() -> None:
+    producer = _mock()
+    value, *rest = producer_columns(_batch(4))
+    with pytest.raises(ValueError, match="value: offsets shorter than its rows"):
+        producer._p.send("t", 5, 1, value, *rest)
+    assert len(producer) == 0
+
+
+def test_a_bad_setting_is_a_kafka_exception_naming_it() -> None:
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException, match="no.such.setting"):
+        NativeProducer({"bootstrap.servers": "mock", "no.such.setting": "1"})
