@@ -1,6 +1,7 @@
 """Shipping the sink as ``make dist`` builds it: spark-submit with no register call (auto-registration
-through the pyspark_recoverable_kafka module), from the --py-files zip (pure Python: record digests by hashlib)
-and from the wheel installed in a fresh virtualenv outside the repository (with the C digest extension)."""
+through the pyspark_recoverable_kafka module), from the --py-files zip (pure Python: record digests by hashlib,
+confluent-kafka's produce()) and from the wheel installed in a fresh virtualenv outside the repository (with the C
+digest and produce extensions)."""
 
 import json
 import os
@@ -20,16 +21,16 @@ spark.sparkContext.setLogLevel("ERROR")
 
 def origin(_):
     import recoverable_sink
-    from recoverable_sink import identity
-    yield recoverable_sink.__file__, identity._native is not None
+    from recoverable_sink import delivery, identity
+    yield recoverable_sink.__file__, identity._native is not None, delivery.native_module() is not None
 
-(file, native), = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()
+(file, native, producer), = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()
 bootstrap, topic, wal, out = sys.argv[1:5]
 # No spark.dataSource.register(...): Spark finds the format through pyspark_recoverable_kafka.DefaultSource.
 (spark.range(500).selectExpr("CAST(id AS STRING) AS value").write.format("recoverable_kafka")
     .option("kafka.bootstrap.servers", bootstrap).option("topic", topic).option("wal.path", wal)
     .mode("append").save())
-open(out, "w").write(json.dumps({"task_import": file, "native_digests": native}))
+open(out, "w").write(json.dumps({"task_import": file, "native_digests": native, "native_producer": producer}))
 spark.stop()
 '''
 
@@ -55,6 +56,7 @@ def test_spark_submit_with_py_files_and_no_register_call(kafka, new_topic, tmp_p
                  "--py-files", str(bundle))
     assert ".zip" in out["task_import"]
     assert out["native_digests"] is False  # the zip holds no C extension: hashlib's digests delivered every record
+    assert out["native_producer"] is False  # and confluent-kafka's produce() sent every record
 
 
 def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(kafka, new_topic, tmp_path):
@@ -73,6 +75,7 @@ def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(k
     out = submit(venv / "bin/spark-submit", venv / "bin/python", tmp_path, kafka, new_topic(), env=env)
     assert out["task_import"].startswith(str(venv / "lib")), out
     assert out["native_digests"] is True  # the wheel carries the digest extension
+    assert out["native_producer"] is True  # and the produce loop, on confluent-kafka's own librdkafka
     cli = subprocess.run([str(venv / "bin/recoverable-kafka-wal"), "list", "--path", str(tmp_path / "wal"), "--json"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert cli.returncode == 0, cli.stderr

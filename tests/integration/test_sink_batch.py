@@ -40,7 +40,21 @@ def sink(df, kafka, tmp_path, topic=None, **options):
     return json.loads(lines[-1])
 
 
-def test_round_trip_keeps_every_field(spark, kafka, new_topic, tmp_path):
+# Both producers pass the same tests: the C loop (the default where the extension is built) and confluent-kafka's
+# produce() per record (producer.native=false, and the only one under --py-files).
+PRODUCERS = pytest.mark.parametrize("producer", ["native", "confluent"])
+
+
+def producer_options(producer):
+    return {"producer.native": "true" if producer == "native" else "false"}
+
+
+def assert_produced_by(summary, producer):
+    assert {t["producer"] for t in summary["tasks"]} == {producer}
+
+
+@PRODUCERS
+def test_round_trip_keeps_every_field(spark, kafka, new_topic, tmp_path, producer):
     topic = new_topic(partitions=3)
     ts = dt.datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=dt.UTC)
     schema = StructType([
@@ -53,7 +67,8 @@ def test_round_trip_keeps_every_field(spark, kafka, new_topic, tmp_path):
         Row(key=None, value=b"null-key", partition=0, headers=None, timestamp=None),
         Row(key=b"k3", value=None, partition=1, headers=[], timestamp=ts),
     ]
-    summary = sink(spark.createDataFrame(rows, schema), kafka, tmp_path, topic)
+    summary = sink(spark.createDataFrame(rows, schema), kafka, tmp_path, topic, **producer_options(producer))
+    assert_produced_by(summary, producer)
     got = sorted(read_topic(kafka.bootstrap_servers, topic, timeout_s=30, expected=3), key=lambda r: r["partition"])
     assert [(r["partition"], r["key"], r["value"]) for r in got] == [
         (0, None, b"null-key"), (1, b"k3", None), (2, b"\x00\xffk1", b"\x01binary")]
@@ -64,14 +79,16 @@ def test_round_trip_keeps_every_field(spark, kafka, new_topic, tmp_path):
     assert summary["received"] == summary["acknowledged"] == 3
 
 
-def test_string_columns_and_topic_column_route_each_row(spark, kafka, new_topic, tmp_path):
+@PRODUCERS
+def test_string_columns_and_topic_column_route_each_row(spark, kafka, new_topic, tmp_path, producer):
     a, b = new_topic(), new_topic()
-    df = spark.createDataFrame([("k1", "v1", a), ("k2", "v2", b), ("k3", "v3", a)],
+    df = spark.createDataFrame([("k1", "v1", a), ("k2", "v2", b), ("k3", "v3", a), ("k4", "", b)],
                                "key string, value string, topic string")
-    sink(df, kafka, tmp_path)
+    assert_produced_by(sink(df, kafka, tmp_path, **producer_options(producer)), producer)
     assert sorted((r["key"], r["value"]) for r in read_topic(kafka.bootstrap_servers, a, 30, expected=2)) == [
         (b"k1", b"v1"), (b"k3", b"v3")]
-    assert [(r["key"], r["value"]) for r in read_topic(kafka.bootstrap_servers, b, 30, expected=1)] == [(b"k2", b"v2")]
+    assert sorted((r["key"], r["value"]) for r in read_topic(kafka.bootstrap_servers, b, 30, expected=2)) == [
+        (b"k2", b"v2"), (b"k4", b"")]
 
 
 def test_topic_option_overrides_the_topic_column(spark, kafka, new_topic, tmp_path):
@@ -82,12 +99,13 @@ def test_topic_option_overrides_the_topic_column(spark, kafka, new_topic, tmp_pa
     assert read_topic(kafka.bootstrap_servers, ignored, 10) == []
 
 
-def test_same_partitions_as_the_java_client_for_the_same_keys(spark, kafka, new_topic, tmp_path):
+@PRODUCERS
+def test_same_partitions_as_the_java_client_for_the_same_keys(spark, kafka, new_topic, tmp_path, producer):
     """Spark's own format("kafka") (kafka-clients' default partitioner) is the independent reference."""
     ours, reference = new_topic(partitions=7), new_topic(partitions=7)
     df = spark.range(2000).select(F.concat(F.lit("user-"), F.col("id").cast("string")).alias("key"),
                                   F.col("id").cast("string").alias("value"))
-    sink(df, kafka, tmp_path, ours)
+    assert_produced_by(sink(df, kafka, tmp_path, ours, **producer_options(producer)), producer)
     (df.write.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
      .option("topic", reference).mode("append").save())
     placed = {r["key"]: r["partition"] for r in read_topic(kafka.bootstrap_servers, ours, 60, expected=2000)}
@@ -107,12 +125,14 @@ def test_wal_is_empty_after_a_successful_write(spark, kafka, new_topic, tmp_path
     assert summary["partitions"] == 3 and summary["failed_partitions"] == 0
 
 
-def test_killed_python_worker_is_retried_and_every_record_lands_once(spark, kafka, new_topic, tmp_path):
+@PRODUCERS
+def test_killed_python_worker_is_retried_and_every_record_lands_once(spark, kafka, new_topic, tmp_path, producer):
     """A real SIGKILL of the Python worker after 6,000 of a partition's 20,000 records were acknowledged."""
     topic = new_topic(partitions=3)
     df = spark.range(40_000, numPartitions=2).selectExpr("CAST(id % 97 AS STRING) AS key",
                                                          "CAST(id AS STRING) AS value")
-    summary = sink(df, kafka, tmp_path, topic, **{"_test.killAfterRecords": "6000"})
+    summary = sink(df, kafka, tmp_path, topic, **{"_test.killAfterRecords": "6000", **producer_options(producer)})
+    assert_produced_by(summary, producer)
     assert summary["retried_partitions"] == 2
     assert summary["skipped"] >= 2 * 6000
     assert summary["received"] == 40_000
