@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-CASE_ORDER = ("spark_kafka", "wal_on", "wal_off", "exactly_once", "raw_client")
+CASE_ORDER = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -22,12 +22,14 @@ def markdown(report: dict[str, Any]) -> str:
         runs = ", ".join(_fmt(r, ".2f") for r in e["runs"])
         lines.append(f"| {_shape(e)} | {e['rows']:,} | {e['topic_partitions']} | {e['case']} | "
                      f"{_fmt(e['median_seconds'], '.2f')} | {_fmt(e['rows_per_second'], ',.0f')} | {runs} |")
-    lines += ["", "| records | topic partitions | wal_on / spark_kafka | wal_on / wal_off | wal_on / raw_client | "
-              "per core (wal_on/2 vs raw/1) | exactly_once / spark_kafka | exactly_once / wal_on |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| records | topic partitions | wal_on / spark_kafka | wal_on / wal_off | "
+              "wal_on / wal_on_confluent | wal_on / raw_client | per core (wal_on/2 vs raw/1) | "
+              "exactly_once / spark_kafka | exactly_once / wal_on |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["ratios"]:
         lines.append(f"| {_shape(r)} | {r['topic_partitions']} | {_fmt(r['wal_on_vs_spark_kafka'], '.2f')} | "
-                     f"{_fmt(r['wal_on_vs_wal_off'], '.2f')} | {_fmt(r['wal_on_vs_raw_client'], '.2f')} | "
+                     f"{_fmt(r['wal_on_vs_wal_off'], '.2f')} | {_fmt(r.get('wal_on_vs_wal_on_confluent'), '.2f')} | "
+                     f"{_fmt(r['wal_on_vs_raw_client'], '.2f')} | "
                      f"{_fmt(r['wal_on_vs_raw_client_per_core'], '.2f')} | "
                      f"{_fmt(r.get('exactly_once_vs_spark_kafka'), '.2f')} | "
                      f"{_fmt(r.get('exactly_once_vs_wal_on'), '.2f')} |")

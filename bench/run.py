@@ -5,6 +5,8 @@ One local broker, one SparkSession (``local[2,4]``), the same cached DataFrame f
 * ``spark_kafka``  Spark's own ``format("kafka")`` (JVM producer, acks=all, idempotent)
 * ``wal_on``       ``format("recoverable_kafka")`` with its LMDB write-ahead log
 * ``wal_off``      the same with ``wal.enabled=false`` (what the WAL itself costs)
+* ``wal_on_confluent`` ``wal_on`` with ``producer.native=false``: confluent-kafka's ``produce()`` per record
+  instead of the C loop (what the native producer gains; the path ``--py-files`` takes)
 * ``exactly_once`` ``wal_on`` with ``delivery.guarantee=exactly_once`` (one transaction per Spark partition)
 * ``raw_client``   one confluent-kafka producer in this process, no Spark (the Python client's ceiling)
 
@@ -55,8 +57,11 @@ CORES = 2  # local[2,4]: two task slots; the raw client runs on one (this proces
 DF_PARTITIONS = 4
 WARMUP_ROWS = min(ROWS, 40_000)
 DISTINCT_KEYS = 100_000
-CASES = ("spark_kafka", "wal_on", "wal_off", "exactly_once", "raw_client")
+CASES = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")
 EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}
+CONFLUENT = {"producer.native": "false"}
+# A quick look at some shapes only (no retry or memory runs), e.g. BENCH_ONLY=100B:4,100B+headers:4
+ONLY = {tuple(item.split(":")) for item in os.environ.get("BENCH_ONLY", "").split(",") if item}
 # The sink's producer defaults (options.PRODUCER_DEFAULTS); linger and batch sizes stay librdkafka's.
 RAW_PRODUCER = {"acks": "all", "enable.idempotence": "true", "partitioner": "murmur2_random"}
 
@@ -276,19 +281,22 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
     print(f"  cache: {cache_info(b.spark)}", flush=True)
     writers = {"spark_kafka": b.spark_kafka(df), "wal_on": b.recoverable(df, wal=True),
                "wal_off": b.recoverable(df, wal=False), "exactly_once": b.recoverable(df, wal=True, **EXACTLY_ONCE),
-               "raw_client": b.raw_client(records)}
+               "wal_on_confluent": b.recoverable(df, wal=True, **CONFLUENT), "raw_client": b.raw_client(records)}
     # Untimed warm-up on a small slice: starts the Python workers, their producers and the JVM's Kafka
     # producer, and warms the JIT, so that the first timed repetition is not the only one paying for it.
     warmup_rows = min(rows, WARMUP_ROWS)
     small = frame(b.spark, warmup_rows, value_bytes, shape.headers)
     warm = {"spark_kafka": b.spark_kafka(small), "wal_on": b.recoverable(small, wal=True),
             "wal_off": b.recoverable(small, wal=False), "exactly_once": b.recoverable(small, wal=True, **EXACTLY_ONCE),
+            "wal_on_confluent": b.recoverable(small, wal=True, **CONFLUENT),
             "raw_client": b.raw_client(records[:warmup_rows])}
     for case in CASES:
         b.timed(f"{case} {shape.label} warm-up", 4, warmup_rows, warm[case])
     peak_by_layout: dict[int, float] = {}
     anon_by_layout: dict[int, float] = {}
     for partitions in shape.layouts:
+        if ONLY and (shape.label, str(partitions)) not in ONLY:
+            continue
         runs: dict[str, list[Run]] = {c: [] for c in CASES}
         for rep in range(REPS):
             for case in CASES:
@@ -302,6 +310,7 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
             "topic_partitions": partitions,
             "wal_on_vs_spark_kafka": ratio(rps["wal_on"], rps["spark_kafka"]),
             "wal_on_vs_wal_off": ratio(rps["wal_on"], rps["wal_off"]),
+            "wal_on_vs_wal_on_confluent": ratio(rps["wal_on"], rps["wal_on_confluent"]),
             "wal_on_vs_raw_client": ratio(rps["wal_on"], rps["raw_client"]),
             "wal_on_vs_raw_client_per_core": ratio(rps["wal_on"] and rps["wal_on"] / CORES, rps["raw_client"]),
             "exactly_once_vs_spark_kafka": ratio(rps["exactly_once"], rps["spark_kafka"]),
@@ -309,6 +318,8 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
         })
         peak_by_layout[partitions] = max((r.peak_rss_mib or 0 for r in runs["wal_on"]), default=0)
         anon_by_layout[partitions] = max((r.peak_anon_mib or 0 for r in runs["wal_on"]), default=0)
+    if not peak_by_layout:
+        return df
     rss.append({"shape": shape.label, "value_bytes": value_bytes, "headers": shape.headers,
                 "wal_on_worker_peak_rss_mib": round(max(peak_by_layout.values()), 1),
                 "by_topic_partitions": {str(p): round(v, 1) for p, v in peak_by_layout.items()},
@@ -417,11 +428,13 @@ def main() -> int:
         rss: list[dict[str, Any]] = []
         retry: dict[str, Any] = {}
         for shape in SHAPES:
+            if ONLY and not any(label == shape.label for label, _ in ONLY):
+                continue
             df = bench_shape(b, shape, results, ratios, rss)
-            if shape == SHAPES[0]:
+            if shape == SHAPES[0] and not ONLY:
                 retry = retry_cost(b, df)
             df.unpersist(blocking=True)  # the next shape's cache needs the storage memory
-        memory = memory_by_partition_size(b)
+        memory = memory_by_partition_size(b) if not ONLY else []
         for e in results:
             b.errors.extend(e["errors"])
         report = {
