@@ -1,8 +1,9 @@
 """What one Arrow batch costs each stage of a task, measured alone (no Spark, no broker, one thread): the
 record digests, the WAL append (Arrow IPC, CRC32, an fsynced LMDB commit that also compacts the segment
 before, acknowledged by then), and on the send side the Python
-lists for ``produce()`` plus the ``produce()`` calls themselves (into librdkafka's local queue; the producer
-points at a closed port, so nothing is sent and the network and the broker cost nothing).
+lists for ``produce()`` plus the ``produce()`` calls themselves (confluent-kafka's path), or the native
+producer's one call for the whole batch (into librdkafka's local queue; the producers point at a closed port,
+so nothing is sent and the network and the broker cost nothing).
 
     .venv/bin/python -m bench.wal_costs    # WAL_COSTS_ROWS=10000 WAL_COSTS_REPS=30, 100 B / 1 KB / 10 KB values
 
@@ -23,7 +24,7 @@ from collections.abc import Callable
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from recoverable_sink.delivery import DeliveryTracker, produce
+from recoverable_sink.delivery import DeliveryTracker, NativeProducer, native_module, produce, send_batch
 from recoverable_sink.identity import record_digests
 from recoverable_sink.records import SchemaPlan, normalise, to_records
 from recoverable_sink.wal import Wal, open_wal
@@ -50,7 +51,7 @@ def _median_ms(step: Callable[[], object]) -> float:
     return statistics.median(runs) * 1000
 
 
-def _costs(wal: Wal, producer: Producer, value_bytes: int) -> dict[str, float]:
+def _costs(wal: Wal, producer: Producer, native: NativeProducer | None, value_bytes: int) -> dict[str, float]:
     """Median milliseconds of each stage for one batch of ``value_bytes`` values."""
     batch = _batch(value_bytes)
     digests = record_digests(batch, "t", "cluster")
@@ -74,12 +75,21 @@ def _costs(wal: Wal, producer: Producer, value_bytes: int) -> dict[str, float]:
         tracker.window.clear()
         producer.purge()  # keep the queue from growing across repetitions
 
+    def send_native() -> None:
+        assert native is not None
+        send_batch(native, batch, "t", 0, None, tracker, str)
+        tracker.bitmaps.clear()
+        tracker.window.clear()
+        native.purge()
+        native.poll(0)
+
     try:
         return {
             "digests": _median_ms(lambda: record_digests(batch, "t", "cluster")),
             "append": _median_ms(append),
             "lists": _median_ms(lambda: to_records(batch)),
             "calls": _median_ms(send),
+            "native": _median_ms(send_native) if native is not None else float("nan"),
         }
     finally:
         wal.purge([key])
@@ -88,20 +98,26 @@ def _costs(wal: Wal, producer: Producer, value_bytes: int) -> dict[str, float]:
 def main() -> int:
     directory = tempfile.mkdtemp(prefix="wal-costs-")
     # Nothing listens on port 1: produce() only enqueues. A queue large enough for a batch.
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 1_000_000,
-                         "queue.buffering.max.kbytes": 2_097_151, "log_level": 0})
+    conf = {"bootstrap.servers": "127.0.0.1:1", "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 2_097_151, "log_level": 0}
+    producer = Producer(conf)
+    native = NativeProducer(conf) if native_module() is not None else None
     try:
         wal = open_wal(directory)
         sys.stdout.write(f"one batch of {ROWS:,} keyed records, median of {REPS} (ms; per record in µs)\n")
-        sys.stdout.write("| value | digests | WAL append | produce() lists | produce() calls | WAL share |\n")
-        sys.stdout.write("|---:|---:|---:|---:|---:|---:|\n")
+        sys.stdout.write("| value | digests | WAL append | produce() lists | produce() calls | native send | "
+                         "WAL share (native) |\n")
+        sys.stdout.write("|---:|---:|---:|---:|---:|---:|---:|\n")
         for value_bytes in (100, 1024, 10240):
-            cost = _costs(wal, producer, value_bytes)
-            wal_ms, send_ms = cost["digests"] + cost["append"], cost["lists"] + cost["calls"]
-            cells = [f"{cost[k]:.1f} ({cost[k] * 1000 / ROWS:.2f})" for k in ("digests", "append", "lists", "calls")]
-            sys.stdout.write(f"| {value_bytes} B | {' | '.join(cells)} | {wal_ms / (wal_ms + send_ms):.0%} |\n")
+            cost = _costs(wal, producer, native, value_bytes)
+            wal_ms = cost["digests"] + cost["append"]
+            cells = [f"{cost[k]:.1f} ({cost[k] * 1000 / ROWS:.2f})"
+                     for k in ("digests", "append", "lists", "calls", "native")]
+            sys.stdout.write(f"| {value_bytes} B | {' | '.join(cells)} | {wal_ms / (wal_ms + cost['native']):.0%} |\n")
     finally:
         producer.purge()
+        if native is not None:
+            native.purge()
         shutil.rmtree(directory, ignore_errors=True)
     return 0
 

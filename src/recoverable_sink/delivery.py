@@ -434,7 +434,8 @@ def send_batch(producer: SinkProducer, batch: pa.RecordBatch, topic: str | None,
     handed, code, text = 0, 0, ""
     with fatal_errors():
         try:
-            handed, code, text = producer.send(topic, batch, slot)
+            if batch.num_rows:  # every row may have been skipped
+                handed, code, text = producer.send(topic, batch, slot)
         finally:
             upto = n if handed == batch.num_rows else handed if rows is None else rows[handed]
             tracker.handed(_Handed(seg_first, bitmap, upto, topic, None, slot, rows), handed)

@@ -52,6 +52,14 @@ def test_skipped_rows_count_as_acknowledged_and_the_rest_are_sent() -> None:
     assert bytes(tracker.bitmaps[0]) == b"\x01" * 30
 
 
+def test_a_segment_whose_rows_were_all_delivered_earlier_sends_nothing() -> None:
+    producer = _mock()
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    assert send_batch(producer, _batch(4), "t", 0, [True] * 4, tracker, str) == 0
+    assert bytes(tracker.bitmaps[0]) == b"\x01" * 4 and tracker.produced == 0
+
+
 def test_a_failure_report_names_the_exact_row_that_failed() -> None:
     """Nothing listens on port 1: every record times out, and each report names its own segment and row."""
     producer = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "300",
