@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -45,7 +46,7 @@ static PyObject *raise_kafka(int code, const char *text, int fatal, int retriabl
     PyObject *kwargs = Py_BuildValue("{s:O,s:O,s:O}", "fatal", fatal ? Py_True : Py_False, "retriable",
                                      retriable ? Py_True : Py_False, "txn_requires_abort",
                                      txn_requires_abort ? Py_True : Py_False);
-    PyObject *args = Py_BuildValue("(is)", code, text);
+    PyObject *args = Py_BuildValue("(iN)", code, PyUnicode_DecodeUTF8(text, (Py_ssize_t)strlen(text), "replace"));
     PyObject *err = (kwargs && args) ? PyObject_Call(KafkaErrorType, args, kwargs) : NULL;
     Py_XDECREF(kwargs);
     Py_XDECREF(args);
@@ -80,6 +81,7 @@ typedef struct {
     pthread_mutex_t lock; /* failures are appended by whichever thread serves reports */
     Failure *failures;
     size_t count, capacity, named;
+    int busy; /* a call is using rk without the GIL: close() must not destroy it meanwhile */
 } Producer;
 
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
@@ -129,6 +131,13 @@ typedef struct {
 
 static const char EMPTY[1] = {0};
 
+/* Seconds as librdkafka's milliseconds: negative is "wait forever", and huge values are clamped. */
+static int to_ms(double seconds) {
+    if (seconds < 0)
+        return -1;
+    return seconds * 1000 >= (double)INT_MAX ? INT_MAX : (int)(seconds * 1000);
+}
+
 static void bin_release(BinCol *c) {
     if (c->has_valid) PyBuffer_Release(&c->valid);
     if (c->has_offs) PyBuffer_Release(&c->offs);
@@ -169,20 +178,25 @@ static int bin_parse(PyObject *t, Py_ssize_t n, BinCol *c, const char *what) {
     if (get_buffer(valid, &c->valid, &c->has_valid) < 0 || get_buffer(offs, &c->offs, &c->has_offs) < 0 ||
         get_buffer(data, &c->data, &c->has_data) < 0)
         goto fail;
+    if (n == 0)
+        return 0; /* nothing is read: Arrow Java sends an empty vector with no offsets at all */
     if (c->has_valid && valid_bits_cover(&c->valid, c->offset, n, what) < 0)
         goto fail;
-    /* Arrow offsets are non-decreasing: checking the first and the last keeps every slice inside data. */
     Py_ssize_t width = wide ? 8 : 4;
     if (!c->has_offs || c->offset < 0 || (c->offset + n + 1) * width > c->offs.len) {
         PyErr_Format(PyExc_ValueError, "%s: offsets shorter than its rows", what);
         goto fail;
     }
-    int64_t first = wide ? ((const int64_t *)c->offs.buf)[c->offset] : ((const int32_t *)c->offs.buf)[c->offset];
-    int64_t last = wide ? ((const int64_t *)c->offs.buf)[c->offset + n]
-                        : ((const int32_t *)c->offs.buf)[c->offset + n];
-    if (first < 0 || last < first || last > (c->has_data ? c->data.len : 0)) {
-        PyErr_Format(PyExc_ValueError, "%s: offsets outside its data", what);
-        goto fail;
+    /* Every offset, not only the first and last: a WAL segment is read back without Arrow's full validation,
+     * and one out-of-order offset would send bytes from outside the data buffer. */
+    int64_t limit = c->has_data ? c->data.len : 0, previous = 0;
+    for (Py_ssize_t j = c->offset; j <= c->offset + n; j++) {
+        int64_t at = wide ? ((const int64_t *)c->offs.buf)[j] : ((const int32_t *)c->offs.buf)[j];
+        if (at < (j == c->offset ? 0 : previous) || at > limit) {
+            PyErr_Format(PyExc_ValueError, "%s: offsets out of order or outside its data", what);
+            goto fail;
+        }
+        previous = at;
     }
     return 0;
 fail:
@@ -196,6 +210,8 @@ static int int_parse(PyObject *t, Py_ssize_t n, int width, IntCol *c, const char
     c->width = width;
     if (!PyArg_ParseTuple(t, "OOn", &valid, &values, &c->offset))
         return -1;
+    if (n == 0)
+        return 0;
     if (get_buffer(valid, &c->valid, &c->has_valid) < 0 || get_buffer(values, &c->values, &c->has_values) < 0)
         goto fail;
     if (c->has_valid && valid_bits_cover(&c->valid, c->offset, n, what) < 0)
@@ -345,9 +361,11 @@ static PyObject *Producer_poll(Producer *self, PyObject *args) {
     int served;
     if (!PyArg_ParseTuple(args, "|d", &timeout) || check_open(self) < 0)
         return NULL;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    served = k_rd_kafka_poll(self->rk, (int)(timeout * 1000));
+    served = k_rd_kafka_poll(self->rk, to_ms(timeout));
     Py_END_ALLOW_THREADS
+    self->busy--;
     if (check_fatal(self) < 0)
         return NULL;
     return PyLong_FromLong(served);
@@ -357,9 +375,11 @@ static PyObject *Producer_flush(Producer *self, PyObject *args) {
     double timeout = -1;
     if (!PyArg_ParseTuple(args, "|d", &timeout) || check_open(self) < 0)
         return NULL;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    k_rd_kafka_flush(self->rk, timeout < 0 ? -1 : (int)(timeout * 1000));
+    k_rd_kafka_flush(self->rk, to_ms(timeout));
     Py_END_ALLOW_THREADS
+    self->busy--;
     if (check_fatal(self) < 0)
         return NULL;
     return PyLong_FromLong(k_rd_kafka_outq_len(self->rk));
@@ -377,21 +397,22 @@ static PyObject *Producer_purge(Producer *self, PyObject *unused) {
 }
 
 static PyObject *Producer_close(Producer *self, PyObject *unused) {
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "the producer is in use by another thread");
+        return NULL;
+    }
     close_rk(self);
     Py_RETURN_NONE;
 }
 
 /* The failure reports served since the last call: [(opaque, error code, partition, topic or None)]. */
 static PyObject *Producer_take_failures(Producer *self, PyObject *unused) {
+    /* Built under the lock and cleared only once built: a failure report lost here would let the next drain
+     * count its record as acknowledged. */
     pthread_mutex_lock(&self->lock);
-    Failure *failures = self->failures;
-    size_t count = self->count;
-    self->failures = NULL;
-    self->count = self->capacity = 0;
-    pthread_mutex_unlock(&self->lock);
-    PyObject *out = PyList_New((Py_ssize_t)count);
-    for (size_t i = 0; out != NULL && i < count; i++) {
-        Failure *f = &failures[i];
+    PyObject *out = PyList_New((Py_ssize_t)self->count);
+    for (size_t i = 0; out != NULL && i < self->count; i++) {
+        Failure *f = &self->failures[i];
         PyObject *item = Py_BuildValue("(Kiiz)", (unsigned long long)f->opaque, f->err, f->partition, f->topic);
         if (item == NULL) {
             Py_CLEAR(out);
@@ -399,7 +420,12 @@ static PyObject *Producer_take_failures(Producer *self, PyObject *unused) {
         }
         PyList_SET_ITEM(out, (Py_ssize_t)i, item);
     }
-    free_failures(failures, count);
+    if (out != NULL) {
+        free_failures(self->failures, self->count);
+        self->failures = NULL;
+        self->count = self->capacity = self->named = 0;
+    }
+    pthread_mutex_unlock(&self->lock);
     return out;
 }
 
@@ -444,9 +470,10 @@ static int headers_parse(PyObject *t, Py_ssize_t n, Columns *c) {
     if (rc < 0)
         return -1;
     const int32_t *o = (const int32_t *)c->hoffs.values.buf + c->hoffset;
-    Py_ssize_t items = o[n];
-    if (o[0] < 0 || items < o[0])
-        return PyErr_SetString(PyExc_ValueError, "headers: offsets out of order"), -1;
+    for (Py_ssize_t j = 0; j < n; j++)
+        if (o[j] < 0 || o[j + 1] < o[j])
+            return PyErr_SetString(PyExc_ValueError, "headers: offsets out of order"), -1;
+    Py_ssize_t items = n ? o[n] : 0;
     if (bin_parse(keys, items, &c->hkeys, "header keys") < 0 || bin_parse(values, items, &c->hvalues, "header values") < 0)
         return -1;
     c->has_headers = 1;
@@ -510,6 +537,7 @@ static PyObject *Producer_send(Producer *self, PyObject *args) {
     Py_ssize_t i = 0;
     rd_kafka_resp_err_t stop = RD_KAFKA_RESP_ERR_NO_ERROR;
     char stop_text[512] = "";
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
     char topic_name[TOPIC_MAX];
     for (; i < n; i++) {
@@ -597,6 +625,7 @@ static PyObject *Producer_send(Producer *self, PyObject *args) {
     if (rkt != NULL)
         k_rd_kafka_topic_destroy(rkt);
     Py_END_ALLOW_THREADS
+    self->busy--;
     columns_release(&c);
     return Py_BuildValue("(nis)", i, (int)stop, stop_text);
 fail:
@@ -615,9 +644,11 @@ static PyObject *Producer_partition_count(Producer *self, PyObject *args) {
         return Py_BuildValue("(iis)", -1, RD_KAFKA_RESP_ERR__INVALID_ARG, "invalid topic name");
     const struct rd_kafka_metadata *md = NULL;
     rd_kafka_resp_err_t err;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    err = k_rd_kafka_metadata(self->rk, 0, rkt, &md, (int)(timeout * 1000));
+    err = k_rd_kafka_metadata(self->rk, 0, rkt, &md, to_ms(timeout));
     Py_END_ALLOW_THREADS
+    self->busy--;
     k_rd_kafka_topic_destroy(rkt);
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
         return raise_kafka(err, k_rd_kafka_err2str(err), 0, 1, 0);
@@ -637,15 +668,20 @@ static PyObject *Producer_partition_count(Producer *self, PyObject *args) {
 #define TXN_CALL(call)                                                                                       \
     do {                                                                                                     \
         rd_kafka_error_t *error;                                                                             \
-        Py_BEGIN_ALLOW_THREADS error = (call);                                                               \
-        Py_END_ALLOW_THREADS if (error != NULL) return raise_error(error);                                   \
+        self->busy++;                                                                                        \
+        Py_BEGIN_ALLOW_THREADS                                                                               \
+        error = (call);                                                                                      \
+        Py_END_ALLOW_THREADS                                                                                 \
+        self->busy--;                                                                                        \
+        if (error != NULL)                                                                                   \
+            return raise_error(error);                                                                       \
     } while (0)
 
 static PyObject *Producer_init_transactions(Producer *self, PyObject *args) {
     double timeout;
     if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
         return NULL;
-    TXN_CALL(k_rd_kafka_init_transactions(self->rk, (int)(timeout * 1000)));
+    TXN_CALL(k_rd_kafka_init_transactions(self->rk, to_ms(timeout)));
     Py_RETURN_NONE;
 }
 
@@ -660,7 +696,7 @@ static PyObject *Producer_commit_transaction(Producer *self, PyObject *args) {
     double timeout;
     if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
         return NULL;
-    TXN_CALL(k_rd_kafka_commit_transaction(self->rk, (int)(timeout * 1000)));
+    TXN_CALL(k_rd_kafka_commit_transaction(self->rk, to_ms(timeout)));
     Py_RETURN_NONE;
 }
 
@@ -668,7 +704,7 @@ static PyObject *Producer_abort_transaction(Producer *self, PyObject *args) {
     double timeout;
     if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
         return NULL;
-    TXN_CALL(k_rd_kafka_abort_transaction(self->rk, (int)(timeout * 1000)));
+    TXN_CALL(k_rd_kafka_abort_transaction(self->rk, to_ms(timeout)));
     Py_RETURN_NONE;
 }
 
@@ -686,12 +722,18 @@ static PyObject *Producer_send_offset(Producer *self, PyObject *args) {
     rd_kafka_topic_partition_t *tp = k_rd_kafka_topic_partition_list_add(offsets, topic, partition);
     tp->offset = offset;
     tp->metadata = strdup(metadata); /* freed with the list */
+    if (tp->metadata == NULL) {
+        k_rd_kafka_topic_partition_list_destroy(offsets);
+        return PyErr_NoMemory();
+    }
     tp->metadata_size = strlen(metadata);
     rd_kafka_consumer_group_metadata_t *cgmd = k_rd_kafka_consumer_group_metadata_new(group);
     rd_kafka_error_t *error;
+    self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    error = k_rd_kafka_send_offsets_to_transaction(self->rk, offsets, cgmd, (int)(timeout * 1000));
+    error = k_rd_kafka_send_offsets_to_transaction(self->rk, offsets, cgmd, to_ms(timeout));
     Py_END_ALLOW_THREADS
+    self->busy--;
     k_rd_kafka_consumer_group_metadata_destroy(cgmd);
     k_rd_kafka_topic_partition_list_destroy(offsets);
     if (error != NULL)

@@ -108,6 +108,33 @@ def test_every_column_shape_is_accepted_sliced_or_not() -> None:
     assert tracker.acked == 8 and tracker.failed == 0
 
 
+def test_rows_without_any_header_in_arrow_javas_layout_go_out() -> None:
+    """Spark's Arrow (Java) writes an empty vector with a 0-byte offsets buffer: header children of length 0
+    whose offsets are empty are valid Arrow, and nothing is read from them."""
+    empty = [None, pa.py_buffer(b""), pa.py_buffer(b"")]
+    items = pa.StructArray.from_arrays([pa.Array.from_buffers(pa.string(), 0, empty),
+                                        pa.Array.from_buffers(pa.binary(), 0, empty)], names=["key", "value"])
+    headers = pa.ListArray.from_arrays(pa.array([0, 0, 0], pa.int32()), items, mask=pa.array([False, True]))
+    headers.validate(full=True)
+    batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"]), headers], names=["value", "headers"])
+    producer = _mock()
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    assert send_batch(producer, batch, "t", 0, None, tracker, str) == 2
+    wait_for_acks(producer, tracker, 30)
+    assert tracker.acked == 2
+
+
+def test_offsets_out_of_order_are_refused_before_anything_is_sent() -> None:
+    """A WAL segment is read back without Arrow's full validation: an offset out of order must not make the loop
+    read outside the data buffer."""
+    producer = _mock()
+    value = (None, pa.py_buffer(pa.array([0, 3, 1, 4], pa.int32()).buffers()[1]), pa.py_buffer(b"abcd"), 0, False)
+    with pytest.raises(ValueError, match="value: offsets out of order or outside its data"):
+        producer._p.send("t", 3, 1, value, None, None, None, None, None)
+    assert len(producer) == 0
+
+
 def test_columns_shorter_than_their_rows_are_refused_before_anything_is_sent() -> None:
     producer = _mock()
     value, *rest = producer_columns(_batch(4))
