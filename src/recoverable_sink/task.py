@@ -129,6 +129,7 @@ class PartitionWriter:
         self.faults = faults
         self.where = ident.where
         self.started = time.monotonic()
+        _freeze_heap_once()
         # exactly_once: this partition's own transactional producer; open() fences every earlier attempt, on
         # any host, and says whether one of them already committed the partition (then nothing is sent).
         self.txn: PartitionTransaction | None = None
@@ -448,6 +449,19 @@ class PartitionWriter:
                 self.txn.abort()  # the records stay in the WAL; a re-run under the same id sends them
             else:
                 producers.discard(self.options)
+
+
+_frozen: list[bool] = []
+
+
+def _freeze_heap_once() -> None:
+    """Leave the worker's long-lived heap (pyspark, pyarrow, pandas and their modules) out of every later
+    cyclic collection: collect once, then freeze what is left (once per Python worker, which runs many tasks).
+    Without it each full collection during a task scans that whole heap again."""
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen.append(True)
 
 
 @contextmanager
