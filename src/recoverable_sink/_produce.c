@@ -726,7 +726,9 @@ static PyObject *Producer_send_offset(Producer *self, PyObject *args) {
         k_rd_kafka_topic_partition_list_destroy(offsets);
         return PyErr_NoMemory();
     }
-    tp->metadata_size = strlen(metadata);
+    /* With its NUL, as confluent-kafka writes a commit's metadata and as its readers expect it (they read up to
+     * the NUL): without it a marker read back by confluent-kafka runs past its end into whatever follows. */
+    tp->metadata_size = strlen(metadata) + 1;
     rd_kafka_consumer_group_metadata_t *cgmd = k_rd_kafka_consumer_group_metadata_new(group);
     rd_kafka_error_t *error;
     self->busy++;
