@@ -677,34 +677,23 @@ static PyObject *Producer_partition_count(Producer *self, PyObject *args) {
             return raise_error(error);                                                                       \
     } while (0)
 
-static PyObject *Producer_init_transactions(Producer *self, PyObject *args) {
-    double timeout;
-    if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
-        return NULL;
-    TXN_CALL(k_rd_kafka_init_transactions(self->rk, to_ms(timeout)));
-    Py_RETURN_NONE;
-}
+/* The transaction calls that take a timeout in seconds: init, commit and abort. */
+#define TXN_TIMED(method, call)                                                                              \
+    static PyObject *Producer_##method(Producer *self, PyObject *args) {                                    \
+        double timeout;                                                                                      \
+        if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)                                  \
+            return NULL;                                                                                     \
+        TXN_CALL(call(self->rk, to_ms(timeout)));                                                            \
+        Py_RETURN_NONE;                                                                                      \
+    }
+TXN_TIMED(init_transactions, k_rd_kafka_init_transactions)
+TXN_TIMED(commit_transaction, k_rd_kafka_commit_transaction)
+TXN_TIMED(abort_transaction, k_rd_kafka_abort_transaction)
 
 static PyObject *Producer_begin_transaction(Producer *self, PyObject *unused) {
     if (check_open(self) < 0)
         return NULL;
     TXN_CALL(k_rd_kafka_begin_transaction(self->rk));
-    Py_RETURN_NONE;
-}
-
-static PyObject *Producer_commit_transaction(Producer *self, PyObject *args) {
-    double timeout;
-    if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
-        return NULL;
-    TXN_CALL(k_rd_kafka_commit_transaction(self->rk, to_ms(timeout)));
-    Py_RETURN_NONE;
-}
-
-static PyObject *Producer_abort_transaction(Producer *self, PyObject *args) {
-    double timeout;
-    if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
-        return NULL;
-    TXN_CALL(k_rd_kafka_abort_transaction(self->rk, to_ms(timeout)));
     Py_RETURN_NONE;
 }
 

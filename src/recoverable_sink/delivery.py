@@ -295,6 +295,19 @@ class DeliveryTracker:
             if len(self.errors) < 20:
                 self.errors.append((topic or "?", partition, KafkaError(code)))
 
+    def segment(self, seg_first: int, n: int, skip: list[bool] | None) -> tuple[bytearray, list[int] | None]:
+        """A new segment's bitmap, its skipped records (delivered earlier) marked acknowledged, and the positions
+        of the records to hand over when some are skipped (None: all of them)."""
+        bitmap = bytearray(n)
+        self.bitmaps[seg_first] = bitmap
+        if skip is None or not any(skip):
+            return bitmap, None
+        for i in range(n):
+            if skip[i]:
+                bitmap[i] = 1
+        self.dirty.add(seg_first)
+        return bitmap, [i for i in range(n) if not skip[i]]
+
     def next_slot(self) -> int:
         self.slots += 1
         return self.slots
@@ -420,15 +433,8 @@ def send_batch(producer: SinkProducer, batch: pa.RecordBatch, topic: str | None,
     if not isinstance(producer, NativeProducer):
         return produce(producer, to_records(batch), topic, seg_first, skip, tracker, scrub, lambda: to_records(batch))
     n = batch.num_rows
-    bitmap = bytearray(n)
-    tracker.bitmaps[seg_first] = bitmap
-    rows: list[int] | None = None
-    if skip is not None and any(skip):
-        rows = [i for i in range(n) if not skip[i]]
-        for i in range(n):
-            if skip[i]:
-                bitmap[i] = 1
-        tracker.dirty.add(seg_first)
+    bitmap, rows = tracker.segment(seg_first, n, skip)
+    if rows is not None:
         batch = batch.take(pa.array(rows, pa.int64()))
     slot = tracker.next_slot()
     handed, code, text = 0, 0, ""
@@ -466,15 +472,7 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
     their order. This is the hot loop of the sink: one ``produce`` call per record, no per-record callback,
     and no per-record Python bytecode either (``map`` drives the calls from C, about 2x a ``for`` loop)."""
     n = len(records)
-    bitmap = bytearray(n)
-    tracker.bitmaps[seg_first] = bitmap
-    rows: list[int] | None = None  # positions of the records handed over, when some are skipped
-    if skip is not None and any(skip):
-        rows = [i for i in range(n) if not skip[i]]
-        for i in range(n):
-            if skip[i]:
-                bitmap[i] = 1
-        tracker.dirty.add(seg_first)
+    bitmap, rows = tracker.segment(seg_first, n, skip)
     # produce()'s positional arguments (cheaper than keywords): topic, value, then key, partition (-1: the
     # partitioner picks), on_delivery (None: the producer's failure report), callback (unused alias),
     # timestamp (0: unset), headers. Only as far as the last one the records set: each argument left out is
