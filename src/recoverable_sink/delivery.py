@@ -89,7 +89,7 @@ def native_module() -> Any:
     """The ``_produce`` extension with librdkafka loaded, or None where it is not built or cannot load."""
     if not _native:
         try:
-            from recoverable_sink import _produce  # noqa: PLC0415 - optional, like the digests
+            from recoverable_sink import _produce  # optional, like the digests
         except ImportError:
             _native.append(None)
         else:
@@ -105,8 +105,6 @@ def native_module() -> Any:
 class NativeProducer:
     """A librdkafka producer fed from Arrow buffers by the ``_produce`` extension. Only failures are reported;
     they are collected after every ``poll``/``flush`` and handed to ``tracker`` (set by the task using it)."""
-
-    native = True
 
     def __init__(self, conf: dict[str, Any]) -> None:
         module = native_module()
