@@ -633,6 +633,25 @@ fail:
     return NULL;
 }
 
+/* connect(timeout) -> (error code, text): waits until a broker answers a metadata request (of no topic).
+ * A transactional producer looks for its coordinator as soon as init_transactions() is called; with no broker
+ * connected yet librdkafka retries only after 500 ms, so calling this first saves that wait. */
+static PyObject *Producer_connect(Producer *self, PyObject *args) {
+    double timeout;
+    if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
+        return NULL;
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t err;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    err = k_rd_kafka_metadata(self->rk, 0, NULL, &md, to_ms(timeout));
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    if (md != NULL)
+        k_rd_kafka_metadata_destroy(md);
+    return Py_BuildValue("(is)", (int)err, err == RD_KAFKA_RESP_ERR_NO_ERROR ? "" : k_rd_kafka_err2str(err));
+}
+
 /* partition_count(topic, timeout) -> (count, error code, text): count -1 when the topic has an error. */
 static PyObject *Producer_partition_count(Producer *self, PyObject *args) {
     const char *topic;
@@ -740,6 +759,7 @@ static PyMethodDef Producer_methods[] = {
     {"close", (PyCFunction)Producer_close, METH_NOARGS, "Destroy the librdkafka handle."},
     {"take_failures", (PyCFunction)Producer_take_failures, METH_NOARGS, "Failure reports since the last call."},
     {"partition_count", (PyCFunction)Producer_partition_count, METH_VARARGS, "A topic's partition count."},
+    {"connect", (PyCFunction)Producer_connect, METH_VARARGS, "Wait until a broker answers; (error code, text)."},
     {"init_transactions", (PyCFunction)Producer_init_transactions, METH_VARARGS, NULL},
     {"begin_transaction", (PyCFunction)Producer_begin_transaction, METH_NOARGS, NULL},
     {"commit_transaction", (PyCFunction)Producer_commit_transaction, METH_VARARGS, NULL},

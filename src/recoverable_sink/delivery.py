@@ -144,6 +144,11 @@ class NativeProducer:
         count, code, text = self._p.partition_count(topic, timeout_s)
         return count, (text or KafkaError(code).str()) if count < 0 else None
 
+    def connect(self, timeout_s: float) -> str | None:
+        """Wait until a broker answers a metadata request: None, or why not."""
+        code, text = self._p.connect(timeout_s)
+        return (text or KafkaError(code).str()) if code else None
+
     # exactly_once: the transaction calls, with confluent-kafka's names and errors (KafkaException).
     def init_transactions(self, timeout_s: float) -> None:
         self._p.init_transactions(timeout_s)
@@ -169,6 +174,20 @@ SinkProducer = TrackedProducer | NativeProducer
 def new_producer(conf: dict[str, Any], native: bool) -> SinkProducer:
     """A native producer where asked for and available, else confluent-kafka's."""
     return NativeProducer(conf) if native and native_module() is not None else TrackedProducer(conf)
+
+
+def wait_for_broker(producer: SinkProducer, topic: str | None, timeout_s: float) -> str | None:
+    """Wait until the producer has a broker to talk to (it answered a metadata request): None, or why not.
+
+    A transactional producer looks for its coordinator when ``init_transactions()`` is called, and librdkafka
+    retries that search only after 500 ms if no broker was connected yet, which a new producer never is."""
+    if isinstance(producer, NativeProducer):
+        return producer.connect(timeout_s)
+    try:
+        producer.list_topics(topic, timeout=timeout_s)
+    except KafkaException as exc:
+        return str(exc)
+    return None
 
 
 def partition_count(producer: SinkProducer, topic: str, timeout_s: float) -> tuple[int, str | None]:

@@ -148,3 +148,9 @@ def test_a_bad_setting_is_a_kafka_exception_naming_it() -> None:
 
     with pytest.raises(KafkaException, match="no.such.setting"):
         NativeProducer({"bootstrap.servers": "mock", "no.such.setting": "1"})
+
+
+def test_waiting_for_a_broker_says_whether_one_answered() -> None:
+    assert delivery.wait_for_broker(_mock(), None, 10) is None
+    nobody = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "log_level": "0"})
+    assert delivery.wait_for_broker(nobody, None, 0.3) is not None  # a transport failure or a time-out

@@ -27,9 +27,14 @@ class _Producer:
         self.flushed = False
         self.aborted = False
         self.tracker = None
+        self.calls: list[str] = []
         _Producer.made.append(self)
 
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> None:
+        self.calls.append("list_topics")
+
     def init_transactions(self, timeout: float) -> None:
+        self.calls.append("init_transactions")
         if self.init_fails:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
 
@@ -57,6 +62,15 @@ def producers(monkeypatch: pytest.MonkeyPatch):
         return _Producer.made
 
     return install
+
+
+def test_a_new_transactional_producer_reaches_a_broker_before_init_transactions(producers) -> None:
+    """librdkafka looks for the transaction coordinator when init_transactions is called and, with no broker
+    connected yet, looks again only 500 ms later: each partition's producer is connected first."""
+    made = producers(init_fails=False)
+    txn = transactions.PartitionTransaction(parse_options(OPTIONS), "w1", 3, "partition 3")
+    assert txn.open("t") is False
+    assert made[0].calls == ["list_topics", "init_transactions"]
 
 
 def test_an_attempt_whose_init_transactions_times_out_lets_go_of_its_producer(producers) -> None:
