@@ -38,6 +38,10 @@ PRODUCER_DEFAULTS: dict[str, str] = {
     # librdkafka's default (consistent_random, CRC32) differs from the Java client; murmur2_random is
     # the one that picks the same partition as the Java producer for the same key.
     "partitioner": "murmur2_random",
+    # The Java client's default (librdkafka's is 100 ms). librdkafka also waits half of it before a new client
+    # connects to the first broker it learns from bootstrap.servers: 25 ms instead of 50 for every
+    # transactional producer (one per partition under exactly_once) and every admin client.
+    "reconnect.backoff.ms": "50",
 }
 
 # Java producer property -> librdkafka property of the same meaning and value format.

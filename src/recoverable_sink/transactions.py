@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
@@ -39,6 +40,25 @@ log = get_logger("transactions")
 # How long a new transactional producer waits for a first broker (at most half of init_transactions' time
 # limit) before init_transactions is called anyway.
 _CONNECT_WAIT_S = 10.0
+
+
+_admins: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+_admins_lock = threading.Lock()
+_ADMINS_MAX = 4
+
+
+def _admin(options: SinkOptions) -> AdminClient:
+    """An admin client for these connection settings, kept for the worker's later tasks: a new client's first
+    request waits for its connection to the cluster (about 30 ms even on one host), once per partition else."""
+    key = tuple(sorted(client_config(options).items()))
+    with _admins_lock:
+        admin = _admins.pop(key, None)
+        if admin is None:
+            admin = AdminClient(dict(key))
+        while len(_admins) >= _ADMINS_MAX:  # the least recently used goes
+            del _admins[next(iter(_admins))]
+        _admins[key] = admin
+        return admin
 
 
 def _init_timeout_s(options: SinkOptions) -> float:
@@ -147,7 +167,7 @@ class PartitionTransaction:
 
     def read_marker(self) -> dict | None:
         """The marker committed with this partition's transaction, if any."""
-        admin = AdminClient(client_config(self.options))
+        admin = _admin(self.options)
         request = ConsumerGroupTopicPartitions(self.txn_id)
         deadline = time.monotonic() + _init_timeout_s(self.options)
         while True:
