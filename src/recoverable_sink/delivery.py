@@ -369,7 +369,7 @@ class DeliveryTracker:
         forgotten afterwards so memory stays flat in the partition size."""
         out = {first: bytearray(self.bitmaps[first]) for first in self.dirty}
         for first in self.dirty:
-            if all(self.bitmaps[first]):
+            if 0 not in self.bitmaps[first]:  # a C scan; all() makes an int per byte
                 del self.bitmaps[first]
         self.dirty.clear()
         return out

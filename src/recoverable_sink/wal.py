@@ -317,7 +317,7 @@ class Wal:
         freed = 0
         for seg_first, bitmap in acks.items():
             ack_key = b"a/%s/%012d" % (prefix, seg_first)
-            if all(bitmap):
+            if 0 not in bitmap:
                 freed += self._compact(txn, b"s/%s/%012d" % (prefix, seg_first), bitmap)
                 txn.delete(ack_key)
             else:
@@ -330,13 +330,13 @@ class Wal:
         """After the commit: segments just rewritten as digests are no longer this handle's to compact."""
         prefix = attempt_key.encode()
         for seg_first, bitmap in acks.items():
-            if all(bitmap):
+            if 0 not in bitmap:
                 self._appended.pop(b"s/%s/%012d" % (prefix, seg_first), None)
 
     def _compact(self, txn: lmdb.Transaction, seg_key: bytes, acked: bytes | bytearray) -> int:
         """Rewrite a segment as the digests of its acknowledged records alone; returns the payload bytes freed."""
         known = self._appended.get(seg_key)
-        if known is not None and all(acked):
+        if known is not None and 0 not in acked:
             # Appended by this handle, so its digests and size are known: only check that it is still there (a
             # cursor finds the key without copying the value out of the map).
             digests, payload_len = known
@@ -348,7 +348,7 @@ class Wal:
         if value is None:
             return 0
         seg = self._decode(seg_key.decode(), value, None, payload=False)
-        if all(acked):
+        if 0 not in acked:
             kept = seg.digests
         else:
             kept = b"".join(seg.digests[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE] for i in range(seg.count) if acked[i])
