@@ -16,7 +16,7 @@ cache, JIT, broker log segments) hits every case alike; the median of the write 
 Every run writes to a fresh topic whose record count is checked, then deleted. Then the cost of a retry, and
 the Python worker's peak memory writing one partition of 1x and 4x the usual partition size.
 
-    make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3
+    make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3 BENCH_JVM_WARMUP_WRITES=2
     BENCH_ROWS=200000 BENCH_REPS=1 .venv/bin/python -m bench.run
 
 Writes build/bench/results.json and build/bench/results.png; exit status 0 only if every run verified.
@@ -56,6 +56,10 @@ REPS = int(os.environ.get("BENCH_REPS", "3"))
 CORES = 2  # local[2,4]: two task slots; the raw client runs on one (this process's main thread)
 DF_PARTITIONS = 4
 WARMUP_ROWS = min(ROWS, 40_000)
+# Full-size untimed writes of every Spark case before the first timed shape: Spark's own sink took 5.5, 3-4,
+# 2.1 and 1.8 s for its first four 2M x 100 B writes in one session (the JVM's JIT and heap settle), so a
+# small warm-up left its first repetitions slow and flattered the sink.
+JVM_WARMUP_WRITES = int(os.environ.get("BENCH_JVM_WARMUP_WRITES", "2"))
 DISTINCT_KEYS = 100_000
 CASES = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")
 EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}
@@ -103,6 +107,7 @@ class Bench:
     cluster: KafkaCluster
     errors: list[str] = field(default_factory=list)
     admin: AdminClient | None = None
+    jvm_warm: bool = False
 
     @property
     def bootstrap(self) -> str:
@@ -292,6 +297,12 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
             "raw_client": b.raw_client(records[:warmup_rows])}
     for case in CASES:
         b.timed(f"{case} {shape.label} warm-up", 4, warmup_rows, warm[case])
+    if not b.jvm_warm:
+        for n in range(JVM_WARMUP_WRITES):
+            for case in CASES:
+                if case != "raw_client":
+                    b.timed(f"{case} {shape.label} JVM warm-up {n + 1}/{JVM_WARMUP_WRITES}", 4, rows, writers[case])
+        b.jvm_warm = True
     peak_by_layout: dict[int, float] = {}
     anon_by_layout: dict[int, float] = {}
     for partitions in shape.layouts:
@@ -438,7 +449,8 @@ def main() -> int:
         for e in results:
             b.errors.extend(e["errors"])
         report = {
-            "rows": ROWS, "reps": REPS, "cores": CORES, "spark_master": "local[2,4]",
+            "rows": ROWS, "reps": REPS, "jvm_warmup_writes": JVM_WARMUP_WRITES, "cores": CORES,
+            "spark_master": "local[2,4]",
             "note": f"Spark cases run {CORES} tasks in parallel on {CORES} cores; raw_client is one producer in one "
                     "Python thread (1 core, plus librdkafka's I/O threads); "
                     "wal_on_vs_raw_client_per_core = (wal_on rows/s / 2) / (raw_client rows/s / 1). "
