@@ -633,6 +633,18 @@ fail:
     return NULL;
 }
 
+/* A metadata request for one topic (rkt) or none (NULL), without the GIL. */
+static rd_kafka_resp_err_t fetch_metadata(Producer *self, rd_kafka_topic_t *rkt, double timeout,
+                                          const struct rd_kafka_metadata **md) {
+    rd_kafka_resp_err_t err;
+    self->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    err = k_rd_kafka_metadata(self->rk, 0, rkt, md, to_ms(timeout));
+    Py_END_ALLOW_THREADS
+    self->busy--;
+    return err;
+}
+
 /* connect(timeout) -> (error code, text): waits until a broker answers a metadata request (of no topic).
  * A transactional producer looks for its coordinator as soon as init_transactions() is called; with no broker
  * connected yet librdkafka retries only after 500 ms, so calling this first saves that wait. */
@@ -641,12 +653,7 @@ static PyObject *Producer_connect(Producer *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "d", &timeout) || check_open(self) < 0)
         return NULL;
     const struct rd_kafka_metadata *md = NULL;
-    rd_kafka_resp_err_t err;
-    self->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    err = k_rd_kafka_metadata(self->rk, 0, NULL, &md, to_ms(timeout));
-    Py_END_ALLOW_THREADS
-    self->busy--;
+    rd_kafka_resp_err_t err = fetch_metadata(self, NULL, timeout, &md);
     if (md != NULL)
         k_rd_kafka_metadata_destroy(md);
     return Py_BuildValue("(is)", (int)err, err == RD_KAFKA_RESP_ERR_NO_ERROR ? "" : k_rd_kafka_err2str(err));
@@ -662,12 +669,7 @@ static PyObject *Producer_partition_count(Producer *self, PyObject *args) {
     if (rkt == NULL)
         return Py_BuildValue("(iis)", -1, RD_KAFKA_RESP_ERR__INVALID_ARG, "invalid topic name");
     const struct rd_kafka_metadata *md = NULL;
-    rd_kafka_resp_err_t err;
-    self->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    err = k_rd_kafka_metadata(self->rk, 0, rkt, &md, to_ms(timeout));
-    Py_END_ALLOW_THREADS
-    self->busy--;
+    rd_kafka_resp_err_t err = fetch_metadata(self, rkt, timeout, &md);
     k_rd_kafka_topic_destroy(rkt);
     if (err != RD_KAFKA_RESP_ERR_NO_ERROR)
         return raise_kafka(err, k_rd_kafka_err2str(err), 0, 1, 0);
