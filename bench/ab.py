@@ -1,0 +1,70 @@
+"""A quick side-by-side of sink variants against Spark's own sink, on one cached DataFrame (no make bench).
+
+    .venv/bin/python -m bench.ab                     # AB_ROWS=2000000 AB_REPS=5 AB_PARTITIONS=4 AB_VALUE_BYTES=100
+    AB_VARIANTS='{"wal_on": {}, "linger20": {"kafka.linger.ms": "20"}}' .venv/bin/python -m bench.ab
+
+Each variant is a set of sink options (``"_wal": "false"`` turns the WAL off); every repetition writes each case
+once, interleaved, to a fresh topic whose count is checked. To compare against another commit, install that
+commit's package into a directory and put it first on the path; Spark's Python workers inherit it:
+
+    git worktree add /tmp/base <commit> && .venv/bin/python -m pip install -q --no-deps --target /tmp/basepkg /tmp/base
+    PYTHONPATH=/tmp/basepkg .venv/bin/python -m bench.ab
+
+Runs of two sessions differ more than runs within one (the same code took 2.1 s in one session and 3.3 s in
+another): alternate sessions of the two commits, two or more each, and compare medians.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+from bench.run import Bench, frame, spark_session
+from testing.kafka_local import REPO, KafkaCluster
+
+ROWS = int(os.environ.get("AB_ROWS", "2000000"))
+REPS = int(os.environ.get("AB_REPS", "5"))
+PARTITIONS = int(os.environ.get("AB_PARTITIONS", "4"))
+VALUE_BYTES = int(os.environ.get("AB_VALUE_BYTES", "100"))
+VARIANTS: dict[str, dict[str, str]] = json.loads(os.environ.get("AB_VARIANTS", '{"wal_on": {}}'))
+WARMUP_ROWS = 100_000
+
+
+def main() -> None:
+    root = REPO / "build" / "ab-kafka"
+    KafkaCluster(root, 1).wipe()
+    cluster = KafkaCluster(root, 1, broker_props={"log.segment.delete.delay.ms": "1000"})
+    cluster.start()
+    try:
+        spark = spark_session()
+        b = Bench(spark, cluster)
+        df = frame(spark, ROWS, VALUE_BYTES).cache()
+        assert df.count() == ROWS
+        small = frame(spark, WARMUP_ROWS, VALUE_BYTES)
+        writers, warm = {"spark_kafka": b.spark_kafka(df)}, {"spark_kafka": b.spark_kafka(small)}
+        for name, given in VARIANTS.items():
+            options = dict(given)
+            wal = options.pop("_wal", "true") == "true"
+            writers[name], warm[name] = b.recoverable(df, wal, **options), b.recoverable(small, wal, **options)
+        for name, write in warm.items():
+            b.timed(f"{name} warm-up", PARTITIONS, WARMUP_ROWS, write)
+        runs: dict[str, list[float]] = {name: [] for name in writers}
+        for rep in range(REPS):
+            for name, write in writers.items():
+                seconds = b.timed(f"{name} rep {rep + 1}/{REPS}", PARTITIONS, ROWS, write).seconds
+                if seconds is not None:
+                    runs[name].append(seconds)
+        spark_s = statistics.median(runs["spark_kafka"])
+        for name, seconds in runs.items():
+            median = statistics.median(seconds)
+            print(f"{name}: median {median:.2f} s, {ROWS / median:,.0f} rows/s, {spark_s / median:.2f}x Spark's sink; "
+                  f"runs {', '.join(f'{s:.2f}' for s in seconds)}", flush=True)
+        if b.errors:
+            raise SystemExit(f"{len(b.errors)} runs failed: {b.errors[0]}")
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    main()
