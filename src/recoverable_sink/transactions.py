@@ -49,7 +49,8 @@ _ADMINS_MAX = 4
 
 def _admin(options: SinkOptions) -> AdminClient:
     """An admin client for these connection settings, kept for the worker's later tasks: a new client's first
-    request waits for its connection to the cluster (about 30 ms even on one host), once per partition else."""
+    request waits for its connection to the cluster (about 30 ms even on one host), which every partition's
+    marker read would pay again."""
     key = tuple(sorted(client_config(options).items()))
     with _admins_lock:
         admin = _admins.pop(key, None)
