@@ -48,9 +48,9 @@ _ADMINS_MAX = 4
 
 
 def _admin(options: SinkOptions) -> AdminClient:
-    """An admin client for these connection settings, kept for the worker's later tasks: a new client's first
-    request waits for its connection to the cluster (about 30 ms even on one host), which every partition's
-    marker read would pay again."""
+    """An admin client for these connection settings, kept for the process's later calls (a worker's later
+    tasks, a driver's later writes): a new client's first request waits for its connection to the cluster
+    (about 30 ms even on one host), which every partition's marker read would pay again."""
     key = tuple(sorted(client_config(options).items()))
     with _admins_lock:
         admin = _admins.pop(key, None)
@@ -251,7 +251,7 @@ def delete_markers(options: SinkOptions, groups: list[str]) -> int:
     marker that cannot be deleted expires with the brokers' offsets.retention.minutes (7 days by default)."""
     if not groups:
         return 0
-    admin = AdminClient(client_config(options))
+    admin = _admin(options)
     deleted = 0
     for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
         try:
