@@ -5,7 +5,8 @@ lists for ``produce()`` plus the ``produce()`` calls themselves (confluent-kafka
 producer's one call for the whole batch (into librdkafka's local queue; the producers point at a closed port,
 so nothing is sent and the network and the broker cost nothing).
 
-    .venv/bin/python -m bench.wal_costs    # WAL_COSTS_ROWS=10000 WAL_COSTS_REPS=30, 100 B / 1 KB / 10 KB values
+    .venv/bin/python -m bench.wal_costs    # WAL_COSTS_ROWS=10000 WAL_COSTS_REPS=30, 100 B / 1 KB / 10 KB values,
+                                           # and 100 B with two headers (make bench's shapes)
 
 It answers how far the WAL can get from the send path on CPU alone: with the WAL on, a task does the first
 two stages as well as the last two, on threads of their own, but on the same cores.
@@ -32,13 +33,19 @@ from recoverable_sink.wal import Wal, open_wal
 ROWS = int(os.environ.get("WAL_COSTS_ROWS", "10000"))  # spark.sql.execution.arrow.maxRecordsPerBatch's default
 REPS = int(os.environ.get("WAL_COSTS_REPS", "30"))
 PLAN = SchemaPlan(columns=("key", "value"), topic_option="t")
+PLAN_HEADERS = SchemaPlan(columns=("key", "value", "headers"), topic_option="t")
+HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
-def _batch(value_bytes: int) -> pa.RecordBatch:
+def _batch(value_bytes: int, headers: bool = False) -> pa.RecordBatch:
     pad = b"x" * max(0, value_bytes - 8)
     rows = range(ROWS)
-    raw = pa.RecordBatch.from_pydict({"key": [b"k%07d" % i for i in rows], "value": [b"%08d" % i + pad for i in rows]})
-    return normalise(raw, PLAN)
+    columns = {"key": [b"k%07d" % i for i in rows], "value": [b"%08d" % i + pad for i in rows]}
+    if not headers:
+        return normalise(pa.RecordBatch.from_pydict(columns), PLAN)
+    lists = pa.array([[{"key": "source", "value": b"bench"}, {"key": "seq", "value": b"%d" % i}] for i in rows],
+                     HEADERS)
+    return normalise(pa.RecordBatch.from_pydict({**columns, "headers": lists}), PLAN_HEADERS)
 
 
 def _median_ms(step: Callable[[], object]) -> float:
@@ -51,9 +58,10 @@ def _median_ms(step: Callable[[], object]) -> float:
     return statistics.median(runs) * 1000
 
 
-def _costs(wal: Wal, producer: Producer, native: NativeProducer | None, value_bytes: int) -> dict[str, float]:
-    """Median milliseconds of each stage for one batch of ``value_bytes`` values."""
-    batch = _batch(value_bytes)
+def _costs(wal: Wal, producer: Producer, native: NativeProducer | None, value_bytes: int,
+           headers: bool) -> dict[str, float]:
+    """Median milliseconds of each stage for one batch of ``value_bytes`` values (with two headers each)."""
+    batch = _batch(value_bytes, headers)
     digests = record_digests(batch, "t", "cluster")
     key = wal.begin_attempt("bench", 0, 0, {})
     position = 0
@@ -108,12 +116,13 @@ def main() -> int:
         sys.stdout.write("| value | digests | WAL append | produce() lists | produce() calls | native send | "
                          "WAL share (native) |\n")
         sys.stdout.write("|---:|---:|---:|---:|---:|---:|---:|\n")
-        for value_bytes in (100, 1024, 10240):
-            cost = _costs(wal, producer, native, value_bytes)
+        for value_bytes, headers in ((100, False), (1024, False), (10240, False), (100, True)):
+            cost = _costs(wal, producer, native, value_bytes, headers)
             wal_ms = cost["digests"] + cost["append"]
             cells = [f"{cost[k]:.1f} ({cost[k] * 1000 / ROWS:.2f})"
                      for k in ("digests", "append", "lists", "calls", "native")]
-            sys.stdout.write(f"| {value_bytes} B | {' | '.join(cells)} | {wal_ms / (wal_ms + cost['native']):.0%} |\n")
+            shape = f"{value_bytes} B" + (" + headers" if headers else "")
+            sys.stdout.write(f"| {shape} | {' | '.join(cells)} | {wal_ms / (wal_ms + cost['native']):.0%} |\n")
     finally:
         producer.purge()
         if native is not None:

@@ -90,6 +90,41 @@ def _bodies(batch: pa.RecordBatch, cluster_id: str) -> pa.Array:
     return pc.binary_join_element_wise(*parts, b"")
 
 
+def _column(array: pa.Array, kind: int) -> tuple[object, ...]:
+    """A binary column for ``_digests.records``: its value (kind 0) or its length frame (kind 1)."""
+    validity, offsets, data = array.buffers()
+    return kind, validity if array.null_count else None, offsets, data, array.offset
+
+
+def _native_fields(batch: pa.RecordBatch, cluster_id: str) -> tuple[object, ...] | None:
+    """What ``_bodies`` joins, as fields for the extension to gather record by record (no joined copy); None
+    where a null would make Arrow's join null a whole body (a null topic or header key, which the sink refuses
+    before it hashes anything): the Arrow path keeps those bytes."""
+    names = batch.schema.names
+    value = _binary(batch.column("value"))
+    key = _binary(batch.column("key")) if "key" in names else pa.nulls(len(value), pa.binary())
+    if names == ["key", "value"] or names == ["value"]:
+        return _column(key, 1), _column(value, 1), _column(key, 0), _column(value, 0)
+    fields: list[object] = [_column(key, 1), _column(key, 0), _column(value, 1), _column(value, 0)]
+    for tag, name in ((b"p", "partition"), (b"t", "timestamp")):
+        fields += [tag, _column(_as_text(batch.column(name)), 0)] if name in names else [tag + b"-"]
+    if "headers" in names:
+        headers = batch.column("headers")
+        items = headers.values
+        keys, values = _binary(items.field("key")), _binary(items.field("value"))
+        if items.null_count or keys.null_count:
+            return None
+        validity, offsets = headers.buffers()[:2]
+        fields.append((2, validity if headers.null_count else None, offsets, headers.offset, len(items),
+                       _column(keys, 1)[1:], _column(values, 1)[1:]))
+    if "topic" in names:
+        topic = _binary(batch.column("topic"))
+        if topic.null_count:
+            return None
+        fields = [_cluster_prefix(cluster_id), _column(topic, 0), b"\0", *fields]
+    return tuple(fields)
+
+
 def record_digests(batch: pa.RecordBatch, topic_option: str | None, cluster_id: str) -> bytes:
     """The digests of a normalised batch's records, concatenated (``DIGEST_SIZE`` bytes each, in order).
 
@@ -99,9 +134,15 @@ def record_digests(batch: pa.RecordBatch, topic_option: str | None, cluster_id: 
     (32, True, False)
     """
     if "topic" in batch.schema.names:
-        return digest_all(b"", _bodies(batch, cluster_id))
-    assert topic_option is not None
-    return digest_all(_prefix(cluster_id, topic_option), _bodies(batch, cluster_id))
+        prefix = b""
+    else:
+        assert topic_option is not None
+        prefix = _prefix(cluster_id, topic_option)
+    if _native is not None and batch.num_rows:
+        fields = _native_fields(batch, cluster_id)
+        if fields is not None:
+            return _native.records(prefix, batch.num_rows, fields)
+    return digest_all(prefix, _bodies(batch, cluster_id))
 
 
 def digest_all(prefix: bytes, bodies: pa.Array) -> bytes:

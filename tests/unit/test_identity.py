@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from recoverable_sink import identity
-from recoverable_sink.identity import _bodies, _prefix, python_digests, record_digests
+from recoverable_sink.identity import _bodies, _native_fields, _prefix, digest_all, python_digests, record_digests
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
@@ -116,3 +116,47 @@ def test_the_native_call_refuses_offsets_outside_its_buffers():
         identity._native.batch(b"", b"\0" * 4, b"", 0, 1, False)
     with pytest.raises(ValueError, match="outside the data buffer"):
         identity._native.batch(b"", (5).to_bytes(4, "little") * 2, b"ab", 0, 1, False)
+
+
+@pytest.mark.skipif(identity._native is None, reason="the C extension is not built")
+def test_records_gathered_from_their_columns_hash_as_arrows_joined_bodies_do():
+    """record_digests hands the extension each column's buffers (no joined copy of the records); the Arrow joins
+    stay for the fallback and define the bytes. Batches long enough for several passes of lanes, sliced or not."""
+    rng = random.Random(20261125)
+    checked = 0
+    while checked < 150:
+        parts = [_random_batch(rng) for _ in range(rng.randint(1, 4))]
+        if len({(tuple(b.schema.names), t) for b, t in parts}) > 1:  # batches of one shape only
+            continue
+        checked += 1
+        batch = pa.Table.from_batches([b for b, _ in parts]).combine_chunks().to_batches()[0]
+        topic = parts[0][1]
+        prefix = b"" if topic is None else _prefix("c", topic)
+        fields = _native_fields(batch, "c")
+        assert fields is not None
+        assert identity._native.records(prefix, batch.num_rows, fields) == digest_all(prefix, _bodies(batch, "c"))
+
+
+def test_a_null_header_key_keeps_the_arrow_path():
+    """A null header key makes Arrow's join drop the record's headers from its body; the sink refuses such a
+    record before hashing it, and the gathered path leaves that case to Arrow rather than define it anew."""
+    batch = pa.RecordBatch.from_pydict({"key": [b"k"], "value": [b"v"],
+                                        "headers": pa.array([[{"key": None, "value": b"1"}]], HEADERS)})
+    assert _native_fields(batch, "c") is None
+    assert record_digests(batch, "t", "c") == python_digests(_prefix("c", "t"), _bodies(batch, "c"))
+
+
+@pytest.mark.skipif(identity._native is None, reason="the C extension is not built")
+def test_the_records_call_refuses_buffers_that_do_not_hold_the_rows_asked():
+    ok = (0, None, (0).to_bytes(4, "little") + (2).to_bytes(4, "little"), b"ab", 0)
+    assert len(identity._native.records(b"", 1, (ok,))) == 16
+    with pytest.raises(ValueError, match="too short"):
+        identity._native.records(b"", 2, (ok,))  # two rows, offsets for one
+    with pytest.raises(ValueError, match="too short"):
+        identity._native.records(b"", 1, ((0, None, (0).to_bytes(4, "little") + (5).to_bytes(4, "little"), b"ab", 0),))
+    with pytest.raises(ValueError, match="too short"):
+        identity._native.records(b"", 1, ((2, None, (0).to_bytes(4, "little") + (3).to_bytes(4, "little"), 0, 2,
+                                           ok[1:], ok[1:]),))  # the list points past its items
+    # Empty lists only: an IPC-read child of no items may come without an offsets buffer, and nothing is read.
+    empty = (None, None, None, 0)
+    assert len(identity._native.records(b"", 1, ((2, None, bytes(8), 0, 0, empty, empty),))) == 16
