@@ -249,7 +249,7 @@ class PartitionWriter:
         wal, key, first = self.wal, self.attempt_key, self.logged
         acks = self._take_dirty()
         # Three stages at once, each mostly without the GIL: this batch's digests are hashed on their own thread
-        # (identity.digest_all) while the WAL thread may still store the batch before, which the task thread
+        # (identity.record_digests) while the WAL thread may still store the batch before, which the task thread
         # produces as soon as that commit returned, while this one is stored. Hashing on the WAL thread instead
         # made large records wait for hash and fsync in series (10 KB values: 0.69x Spark's sink against 0.79x
         # so, in two make bench runs of that shape back to back).
