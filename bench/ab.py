@@ -1,6 +1,7 @@
 """A quick side-by-side of sink variants against Spark's own sink, on one cached DataFrame (no make bench).
 
     .venv/bin/python -m bench.ab                     # AB_ROWS=2000000 AB_REPS=5 AB_PARTITIONS=4 AB_VALUE_BYTES=100
+    AB_HEADERS=1 .venv/bin/python -m bench.ab        # two headers per record (make bench's headers shape)
     AB_VARIANTS='{"wal_on": {}, "linger20": {"kafka.linger.ms": "20"}}' .venv/bin/python -m bench.ab
 
 Each variant is a set of sink options (``"_wal": "false"`` turns the WAL off); every repetition writes each case
@@ -27,6 +28,7 @@ ROWS = int(os.environ.get("AB_ROWS", "2000000"))
 REPS = int(os.environ.get("AB_REPS", "5"))
 PARTITIONS = int(os.environ.get("AB_PARTITIONS", "4"))
 VALUE_BYTES = int(os.environ.get("AB_VALUE_BYTES", "100"))
+HEADERS = os.environ.get("AB_HEADERS", "") == "1"
 VARIANTS: dict[str, dict[str, str]] = json.loads(os.environ.get("AB_VARIANTS", '{"wal_on": {}}'))
 WARMUP_ROWS = 100_000
 
@@ -39,9 +41,9 @@ def main() -> None:
     try:
         spark = spark_session()
         b = Bench(spark, cluster)
-        df = frame(spark, ROWS, VALUE_BYTES).cache()
+        df = frame(spark, ROWS, VALUE_BYTES, HEADERS).cache()
         assert df.count() == ROWS
-        small = frame(spark, WARMUP_ROWS, VALUE_BYTES)
+        small = frame(spark, WARMUP_ROWS, VALUE_BYTES, HEADERS)
         writers, warm = {"spark_kafka": b.spark_kafka(df)}, {"spark_kafka": b.spark_kafka(small)}
         for name, given in VARIANTS.items():
             options = dict(given)
