@@ -57,7 +57,11 @@ def _final_wait_s(options: SinkOptions) -> float:
     return timeout + min(_FLUSH_MARGIN_S, max(1.0, timeout))
 
 
-_CHECKPOINT_EVERY_S = 0.5  # a drain this often: acknowledgements reach the WAL, so a hard kill repeats little
+# A drain this often: acknowledgements reach the WAL, so a hard kill repeats little. Draining every 0.1 s rather
+# than 0.5 made whole writes faster in Spark (bench.ab, two tasks sharing 2 cores with the JVM and the broker:
+# 100 B 7-9%, 1 KB 7%, 10 KB 15%) although one producer alone gains nothing from it: fewer records are
+# outstanding in librdkafka at any time.
+_CHECKPOINT_EVERY_S = 0.1
 
 _threads: dict[str, ThreadPoolExecutor] = {}
 
