@@ -13,7 +13,7 @@ from confluent_kafka.admin import ClusterMetadata
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import OptionError, transaction_problem
-from recoverable_sink.options import SinkOptions
+from recoverable_sink.options import DEFAULT_BATCH_SIZE, SinkOptions
 
 log = get_logger("preflight")
 
@@ -159,13 +159,12 @@ def _check_not_fatal(producer: Producer, errors: list[KafkaError], options: Sink
                               f"{options.scrub(err.str())}; {hint}")
 
 
-_LIBRDKAFKA_BATCH_SIZE = 1_000_000  # librdkafka's default batch.size; the Java client's is 16384
-
-
 def fit_topic_limit(options: SinkOptions) -> SinkOptions:
     """Read the ``topic`` option's ``max.message.bytes`` so that tasks refuse a record the broker would refuse
-    before it enters the WAL, and keep librdkafka's batches within it: its default ``batch.size`` (1 MB, the
-    Java client's is 16 KB) makes every batch to a topic with a smaller limit fail as MSG_SIZE_TOO_LARGE.
+    before it enters the WAL, and keep librdkafka's batches within it: a ``batch.size`` above it (the sink's
+    default is 384 KiB, librdkafka's 1 MB, the Java client's 16 KB) makes every full batch fail as
+    MSG_SIZE_TOO_LARGE. The default is lowered to the limit; a ``kafka.batch.size`` of the user's above it is
+    refused (one equal to the default is taken as the default).
     Without a ``topic`` option, or without the right to describe the topic's configuration, the options come
     back unchanged (the broker still refuses what is too large, and the WAL keeps it)."""
     from dataclasses import replace
@@ -189,18 +188,19 @@ def fit_topic_limit(options: SinkOptions) -> SinkOptions:
     if limit is None:
         return options
     conf = options.producer_config()
-    if "batch.size" in conf:
-        if int(conf["batch.size"]) > limit:
+    given = conf.get("batch.size", str(DEFAULT_BATCH_SIZE))
+    if given != str(DEFAULT_BATCH_SIZE):  # the user's own: refused if too large, never changed
+        if int(given) > limit:
             raise OptionError(
                 f"option kafka.batch.size={conf['batch.size']} exceeds topic {options.topic}'s max.message.bytes="
                 f"{limit}: the broker would refuse every full batch; set kafka.batch.size to at most {limit}")
         return replace(options, topic_max_message_bytes=limit)
-    extra: tuple[tuple[str, str], ...] = ()
-    if limit < _LIBRDKAFKA_BATCH_SIZE:
-        extra = (("batch.size", str(limit)),)
-        log.info("topic %s has max.message.bytes=%d: the producer's batch.size is set to it (librdkafka's default "
-                 "is %d)", options.topic, limit, _LIBRDKAFKA_BATCH_SIZE)
-    return replace(options, producer_items=options.producer_items + extra, topic_max_message_bytes=limit)
+    items = options.producer_items
+    if limit < DEFAULT_BATCH_SIZE:
+        items = tuple(sorted({**conf, "batch.size": str(limit)}.items()))
+        log.info("topic %s has max.message.bytes=%d: the producer's batch.size is set to it (the sink's default "
+                 "is %d)", options.topic, limit, DEFAULT_BATCH_SIZE)
+    return replace(options, producer_items=items, topic_max_message_bytes=limit)
 
 
 def check_transactions(options: SinkOptions) -> None:

@@ -138,12 +138,22 @@ def test_a_record_over_the_topics_max_message_bytes_is_refused_before_the_wal(sp
 
 def test_a_topic_whose_max_message_bytes_is_below_librdkafkas_batch_size_gets_every_record(spark, kafka, new_topic,
                                                                                            tmp_path):
-    """librdkafka batches up to 1 MB by default (the Java client 16 KB): without fitting batch.size to the topic's
-    limit the broker refuses every batch as too large."""
+    """The sink batches up to 384 KiB by default (librdkafka 1 MB, the Java client 16 KB): without fitting
+    batch.size to the topic's limit the broker refuses every batch as too large."""
     topic = new_topic(1, **{"max.message.bytes": "20000"})
     write(spark.range(5000, numPartitions=2).selectExpr("CAST(id AS STRING) AS key", "repeat('v', 100) AS value"),
           kafka.bootstrap_servers, tmp_path / "wal", topic)
     assert len(read_topic(kafka.bootstrap_servers, topic, 60, expected=5000)) == 5000
+
+
+def test_a_batch_size_of_the_users_above_the_topics_max_message_bytes_is_refused_on_the_driver(spark, kafka,
+                                                                                               new_topic, tmp_path):
+    topic = new_topic(1, **{"max.message.bytes": "20000"})
+    with pytest.raises(Exception, match=r"kafka\.batch\.size=100000 exceeds topic .*max\.message\.bytes=20000"):
+        write(spark.range(10).selectExpr("CAST(id AS STRING) AS value"), kafka.bootstrap_servers, tmp_path / "wal",
+              topic, **{"kafka.batch.size": "100000"})
+    assert_driver_side(tmp_path / "wal")
+    assert read_topic(kafka.bootstrap_servers, topic, 5) == []
 
 
 def test_wal_path_that_cannot_be_created_is_named(spark, kafka, new_topic, tmp_path):

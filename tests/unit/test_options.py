@@ -15,6 +15,13 @@ def test_safe_producer_defaults_are_set():
     assert conf["partitioner"] == "murmur2_random"
 
 
+def test_default_batches_stay_below_half_a_brokers_g1_region_and_a_users_batch_size_wins():
+    """A request of half a G1 region or more (1 MB regions under Kafka's default 1 GB heap) is a humongous
+    allocation on the broker: a full default batch plus one 100 KB record must stay below 512 KiB."""
+    assert int(parse_options(BASE).producer_config()["batch.size"]) + 100_000 < 512 * 1024
+    assert parse_options({**BASE, "kafka.batch.size": "16384"}).producer_config()["batch.size"] == "16384"
+
+
 def test_user_kafka_setting_wins_when_it_keeps_the_guarantees():
     conf = parse_options({**BASE, "kafka.linger.ms": "20", "kafka.compression.type": "lz4",
                           "kafka.partitioner": "consistent_random"}).producer_config()
