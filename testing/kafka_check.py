@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 
 def _consumer(bootstrap: str, group_prefix: str, isolation: str = "read_committed") -> Consumer:
@@ -23,6 +23,25 @@ def _consumer(bootstrap: str, group_prefix: str, isolation: str = "read_committe
     })
 
 
+# A partition's leader answers these until it can serve offsets: just after an election, a new leader's high
+# watermark has not caught up (OFFSET_NOT_AVAILABLE, KIP-207), which a chaos scenario's broker kill brings about.
+_NOT_YET = (KafkaError.OFFSET_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.NOT_LEADER_FOR_PARTITION)
+
+
+def _watermarks(consumer: Consumer, topic: str, partition: int, timeout_s: float) -> tuple[int, int]:
+    """(low, high) of one partition, asked again while its leader is not ready, until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                  timeout=max(0.1, deadline - time.monotonic()))
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in _NOT_YET) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def end_offsets(bootstrap: str, topic: str, timeout_s: float = 10) -> dict[int, int]:
     """Each partition's high watermark (the offset the next record will get)."""
     consumer = _consumer(bootstrap, "ends")
@@ -30,8 +49,7 @@ def end_offsets(bootstrap: str, topic: str, timeout_s: float = 10) -> dict[int, 
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         if meta.error is not None:
             raise RuntimeError(f"topic {topic}: {meta.error}")
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1]
-                for p in sorted(meta.partitions)}
+        return {p: _watermarks(consumer, topic, p, timeout_s)[1] for p in sorted(meta.partitions)}
     finally:
         consumer.close()
 
@@ -43,7 +61,7 @@ def count_topic(bootstrap: str, topic: str, timeout_s: float = 10) -> int:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         total = 0
         for p in meta.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            low, high = _watermarks(consumer, topic, p, timeout_s)
             total += high - low
         return total
     finally:
