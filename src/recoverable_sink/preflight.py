@@ -192,7 +192,7 @@ def fit_topic_limit(options: SinkOptions) -> SinkOptions:
     if given != str(DEFAULT_BATCH_SIZE):  # the user's own: refused if too large, never changed
         if int(given) > limit:
             raise OptionError(
-                f"option kafka.batch.size={conf['batch.size']} exceeds topic {options.topic}'s max.message.bytes="
+                f"option kafka.batch.size={given} exceeds topic {options.topic}'s max.message.bytes="
                 f"{limit}: the broker would refuse every full batch; set kafka.batch.size to at most {limit}")
         return replace(options, topic_max_message_bytes=limit)
     items = options.producer_items

@@ -136,7 +136,7 @@ def test_a_record_over_the_topics_max_message_bytes_is_refused_before_the_wal(sp
     assert read_topic(kafka.bootstrap_servers, topic, 5) == []
 
 
-def test_a_topic_whose_max_message_bytes_is_below_librdkafkas_batch_size_gets_every_record(spark, kafka, new_topic,
+def test_a_topic_whose_max_message_bytes_is_below_the_default_batch_size_gets_every_record(spark, kafka, new_topic,
                                                                                            tmp_path):
     """The sink batches up to 384 KiB by default (librdkafka 1 MB, the Java client 16 KB): without fitting
     batch.size to the topic's limit the broker refuses every batch as too large."""
