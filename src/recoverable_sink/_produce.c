@@ -609,7 +609,10 @@ static PyObject *Producer_send(Producer *self, PyObject *args) {
             rd_kafka_resp_err_t code = k_rd_kafka_error_code(error);
             if (code == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
                 k_rd_kafka_error_destroy(error);
-                k_rd_kafka_poll(self->rk, 50); /* room is made as acknowledgements come back */
+                /* Room is made as acknowledgements come back, and these make no report to end the wait early
+                 * (delivery.report.only.error): a short wait. At 50 ms a 32 MB queue (kafka.buffer.memory,
+                 * the Java client's default) of 10 KB values cost 8% against the default queue, at 5 ms 4%. */
+                k_rd_kafka_poll(self->rk, 5);
                 continue;
             }
             stop = code;

@@ -89,6 +89,19 @@ def test_a_record_over_message_max_bytes_is_refused_by_position_and_the_rows_bef
     assert list(tracker.bitmaps[10]) == [1, 1, 0, 0]
 
 
+def test_a_batch_larger_than_the_producers_queue_waits_for_room_and_hands_every_row_over_in_order() -> None:
+    """A full queue refuses a row; the send waits for room and goes on from exactly that row (a row handed twice
+    or skipped would show in the counts and the bitmaps)."""
+    producer = _mock(**{"queue.buffering.max.messages": "300"})
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    assert send_batch(producer, _batch(2500), "t", 0, None, tracker, str) == 2500
+    assert send_batch(producer, _batch(700, 2500).slice(100), "t", 2600, None, tracker, str) == 600
+    wait_for_acks(producer, tracker, 30)
+    assert tracker.produced == tracker.acked == 3100 and tracker.failed == 0
+    assert bytes(tracker.bitmaps[0]) == b"\x01" * 2500 and bytes(tracker.bitmaps[2600]) == b"\x01" * 600
+
+
 def test_every_column_shape_is_accepted_sliced_or_not() -> None:
     """Nulls, empty values, string and binary, partitions, timestamps, headers, and a batch that is a slice of a
     larger one (Arrow offsets that do not start at 0) all go out."""
