@@ -167,3 +167,30 @@ def test_waiting_for_a_broker_says_whether_one_answered() -> None:
     assert delivery.wait_for_broker(_mock(), None, 10) is None
     nobody = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "log_level": "0"})
     assert delivery.wait_for_broker(nobody, None, 0.3) is not None  # a transport failure or a time-out
+
+
+def test_each_sends_values_are_kept_while_queued_and_let_go_once_the_queue_is_empty() -> None:
+    """Values are handed to librdkafka in place (no copy): the producer keeps each send's value column while
+    librdkafka may still read it, and lets go of them all once a drain found its queue empty."""
+    producer = _mock(**{"linger.ms": "200"})
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    send_batch(producer, _batch(100), "t", 0, None, tracker, str)
+    send_batch(producer, _batch(100, 100), "t", 100, None, tracker, str)
+    assert len(producer) > 0 and producer._p.held() == 2
+    wait_for_acks(producer, tracker, 30)
+    assert tracker.acked == 200 and producer._p.held() == 0
+
+
+def test_after_a_purge_the_values_are_kept_until_the_producer_is_closed() -> None:
+    """A purge destroys in-flight records while their request may still be written from their values: those are
+    kept however empty the queue, until the librdkafka handle itself is destroyed."""
+    producer = _mock(**{"linger.ms": "200"})
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    send_batch(producer, _batch(100), "t", 0, None, tracker, str)
+    producer.purge()
+    producer.flush(10)
+    assert len(producer) == 0 and producer._p.held() == 1
+    producer._p.close()
+    assert producer._p.held() == 0
