@@ -176,7 +176,7 @@ def new_producer(conf: dict[str, Any], native: bool) -> SinkProducer:
     return NativeProducer(conf) if native and native_module() is not None else TrackedProducer(conf)
 
 
-def wait_for_broker(producer: SinkProducer, topic: str | None, timeout_s: float) -> str | None:
+def wait_for_broker(producer: Producer | NativeProducer, topic: str | None, timeout_s: float) -> str | None:
     """Wait until the producer has a broker to talk to (it answered a metadata request): None, or why not.
 
     A transactional producer looks for its coordinator when ``init_transactions()`` is called, and librdkafka
