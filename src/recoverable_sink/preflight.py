@@ -13,7 +13,7 @@ from confluent_kafka.admin import ClusterMetadata
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import OptionError, transaction_problem
-from recoverable_sink.options import DEFAULT_BATCH_SIZE, SinkOptions
+from recoverable_sink.options import DEFAULT_BATCH_SIZE, SinkOptions, short_lived
 
 log = get_logger("preflight")
 
@@ -37,6 +37,11 @@ def _option_name(property_name: str, options: SinkOptions) -> str:
         if name and name in conf:
             return f"kafka.{name}"
     return f"kafka.{property_name}"
+
+
+def _probe_config(options: SinkOptions, **extra: object) -> dict[str, object]:
+    """A probe producer's configuration: the tasks' own, connected to every broker at once."""
+    return short_lived({**options.producer_config(), **extra})
 
 
 _METADATA_TRY_S = 1.0  # metadata is asked in short tries, so an authentication or TLS failure ends the wait early
@@ -78,13 +83,13 @@ def _check_write_allowed(options: SinkOptions) -> None:
     """Under an authorizer, the principal must be allowed to WRITE to the topic: asked on the driver (the
     topic's authorized operations, KIP-430) rather than learnt from every task's failed deliveries."""
     from confluent_kafka import TopicCollection
-    from confluent_kafka.admin import AclOperation, AdminClient
+    from confluent_kafka.admin import AclOperation
 
-    from recoverable_sink.options import client_config
+    from recoverable_sink.delivery import shared_admin
 
     assert options.topic is not None
     try:
-        admin = AdminClient(client_config(options))
+        admin = shared_admin(options)
         described = admin.describe_topics(TopicCollection([options.topic]), include_authorized_operations=True,
                                           request_timeout=options.preflight_timeout_s)[options.topic].result()
         allowed = described.authorized_operations
@@ -105,7 +110,7 @@ def check_cluster(options: SinkOptions) -> str:
     cluster id, part of every record's delivery identity (a write to another cluster never matches)."""
     errors: list[KafkaError] = []
     try:
-        producer = Producer({**options.producer_config(), "error_cb": errors.append})
+        producer = Producer(_probe_config(options, error_cb=errors.append))
     except KafkaException as exc:
         text = options.scrub(exc.args[0].str() if exc.args else str(exc))
         m = _PROPERTY.search(text)
@@ -169,15 +174,15 @@ def fit_topic_limit(options: SinkOptions) -> SinkOptions:
     back unchanged (the broker still refuses what is too large, and the WAL keeps it)."""
     from dataclasses import replace
 
-    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+    from confluent_kafka.admin import ConfigResource, ResourceType
 
-    from recoverable_sink.options import client_config
+    from recoverable_sink.delivery import shared_admin
 
     if options.topic is None:
         return options
     resource = ConfigResource(ResourceType.TOPIC, options.topic)
     try:
-        admin = AdminClient(client_config(options))
+        admin = shared_admin(options)
         entry = admin.describe_configs([resource], request_timeout=options.preflight_timeout_s)[resource] \
             .result().get("max.message.bytes")
         limit = int(entry.value) if entry is not None and entry.value is not None else None
@@ -208,10 +213,9 @@ def check_transactions(options: SinkOptions) -> None:
     transactional ids and marker groups, and kafka.transaction.timeout.ms is within the brokers' maximum.
     Each is an OptionError naming what to change, raised before any task starts."""
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError
-    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+    from confluent_kafka.admin import ConfigResource, ResourceType
 
-    from recoverable_sink.delivery import wait_for_broker
-    from recoverable_sink.options import client_config
+    from recoverable_sink.delivery import shared_admin, wait_for_broker
 
     timeout_s = options.preflight_timeout_s
     asked_ms = int(options.producer_config()["transaction.timeout.ms"])
@@ -219,12 +223,12 @@ def check_transactions(options: SinkOptions) -> None:
     # The probe producer is made first, so that it connects while the admin client asks its questions.
     probe = f"{options.transactional_id_prefix}preflight"
     try:
-        producer = Producer({**options.producer_config(), "transactional.id": probe})
+        producer = Producer(_probe_config(options, **{"transactional.id": probe}))
     except KafkaException as exc:
         problem = transaction_problem(exc.args[0], "init_transactions", probe)
         raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
     try:
-        admin = AdminClient(client_config(options))
+        admin = shared_admin(options)
         brokers = list(admin.list_topics(timeout=timeout_s).brokers)
         try:
             resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))

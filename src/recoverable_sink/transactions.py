@@ -24,42 +24,27 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.delivery import NativeProducer, SinkProducer, delivery_timeout_s, new_producer, wait_for_broker
+from recoverable_sink.delivery import (
+    NativeProducer,
+    SinkProducer,
+    delivery_timeout_s,
+    new_producer,
+    shared_admin,
+    wait_for_broker,
+)
 from recoverable_sink.errors import DeliveryError, transaction_problem
-from recoverable_sink.options import SinkOptions, client_config
+from recoverable_sink.options import SinkOptions, client_config, short_lived
 
 log = get_logger("transactions")
 
 # How long a new transactional producer waits for a first broker (at most half of init_transactions' time
 # limit) before init_transactions is called anyway.
 _CONNECT_WAIT_S = 10.0
-
-
-_admins: dict[tuple[tuple[str, str], ...], AdminClient] = {}
-_admins_lock = threading.Lock()
-_ADMINS_MAX = 4
-
-
-def _admin(options: SinkOptions) -> AdminClient:
-    """An admin client for these connection settings, kept for the process's later calls (a worker's later
-    tasks, a driver's later writes): a new client's first request waits for its connection to the cluster
-    (about 30 ms even on one host), which every partition's marker read would pay again."""
-    key = tuple(sorted(client_config(options).items()))
-    with _admins_lock:
-        admin = _admins.pop(key, None)
-        if admin is None:
-            admin = AdminClient(dict(key))
-        while len(_admins) >= _ADMINS_MAX:  # the least recently used goes
-            del _admins[next(iter(_admins))]
-        _admins[key] = admin
-        return admin
 
 
 def _init_timeout_s(options: SinkOptions) -> float:
@@ -112,7 +97,7 @@ class PartitionTransaction:
 
         With a ``topic`` option, a marker counts only for that topic: a streaming query restarted from its
         checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once."""
-        conf = {**self.options.producer_config(), "transactional.id": self.txn_id}
+        conf = short_lived({**self.options.producer_config(), "transactional.id": self.txn_id})
         try:
             self.producer = new_producer(conf, self.options.native_producer)
             # Connected first, init_transactions finds its coordinator at once instead of 500 ms later (a
@@ -168,7 +153,7 @@ class PartitionTransaction:
 
     def read_marker(self) -> dict | None:
         """The marker committed with this partition's transaction, if any."""
-        admin = _admin(self.options)
+        admin = shared_admin(self.options)
         request = ConsumerGroupTopicPartitions(self.txn_id)
         deadline = time.monotonic() + _init_timeout_s(self.options)
         while True:
@@ -251,7 +236,7 @@ def delete_markers(options: SinkOptions, groups: list[str]) -> int:
     marker that cannot be deleted expires with the brokers' offsets.retention.minutes (7 days by default)."""
     if not groups:
         return 0
-    admin = _admin(options)
+    admin = shared_admin(options)
     deleted = 0
     for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
         try:
