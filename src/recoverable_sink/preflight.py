@@ -5,6 +5,7 @@ transaction coordinator, ACLs and timeout allow transactions."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 
@@ -39,9 +40,18 @@ def _option_name(property_name: str, options: SinkOptions) -> str:
     return f"kafka.{property_name}"
 
 
+class _ProbeLog:
+    """librdkafka's log lines of a probe producer, at DEBUG: a broker that cannot be reached would otherwise
+    print a line per connection attempt on the driver's stderr (75 in a 2 s wait) before the OptionError that
+    says what to check. Set RECOVERABLE_SINK_LOG_LEVEL=DEBUG to see them."""
+
+    def log(self, level: int, fmt: str, *args: object) -> None:  # confluent-kafka's ``logger`` interface
+        log.debug("librdkafka (%s): %s", logging.getLevelName(level), fmt % args if args else fmt)
+
+
 def _probe_config(options: SinkOptions, **extra: object) -> dict[str, object]:
-    """A probe producer's configuration: the tasks' own, connected to every broker at once."""
-    return short_lived({**options.producer_config(), **extra})
+    """A probe producer's configuration: the tasks' own, connected to every broker at once, logging quietly."""
+    return short_lived({**options.producer_config(), "logger": _ProbeLog(), **extra})
 
 
 _METADATA_TRY_S = 1.0  # metadata is asked in short tries, so an authentication or TLS failure ends the wait early

@@ -1,0 +1,32 @@
+"""The driver's probes (no broker needed: an address nothing listens on)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from recoverable_sink.errors import OptionError
+from recoverable_sink.options import parse_options, short_lived
+from recoverable_sink.preflight import check_cluster
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_brokers_give_one_error_and_no_librdkafka_line_per_attempt(capfd):
+    options = parse_options({"kafka.bootstrap.servers": f"127.0.0.1:{_closed_port()}", "topic": "t",
+                             "preflight.timeoutMs": "1000"})
+    with pytest.raises(OptionError, match=r"cannot reach kafka\.bootstrap\.servers=127\.0\.0\.1:\d+ within 1s"):
+        check_cluster(options)
+    assert "Connection refused" not in capfd.readouterr().err
+
+
+def test_short_lived_clients_connect_to_every_broker_unless_the_user_says_otherwise():
+    assert short_lived(parse_options({"kafka.bootstrap.servers": "b:9092"}).producer_config())[
+        "enable.sparse.connections"] == "false"
+    mine = parse_options({"kafka.bootstrap.servers": "b:9092", "kafka.enable.sparse.connections": "true"})
+    assert short_lived(mine.producer_config())["enable.sparse.connections"] == "true"
