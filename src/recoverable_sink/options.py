@@ -42,8 +42,8 @@ PRODUCER_DEFAULTS: dict[str, str] = {
     # the one that picks the same partition as the Java producer for the same key.
     "partitioner": "murmur2_random",
     # The Java client's default (librdkafka's is 100 ms). librdkafka also waits half of it before a new client
-    # connects to the first broker it learns from bootstrap.servers: 25 ms instead of 50 for every
-    # transactional producer (one per partition under exactly_once) and every admin client.
+    # connects to the first broker it learns from bootstrap.servers: 25 ms instead of 50 for each worker's
+    # pooled producers and admin clients (the short-lived ones do not wait at all: see short_lived).
     "reconnect.backoff.ms": "50",
     # librdkafka's 1 MB default makes each produce request a G1 "humongous" allocation (half a region or more)
     # on a broker with Kafka's default 1 GB heap (1 MB regions); each starts a concurrent marking cycle. 384 KiB
