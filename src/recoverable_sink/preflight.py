@@ -10,11 +10,11 @@ import re
 import time
 
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import ClusterMetadata
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import OptionError, transaction_problem
-from recoverable_sink.options import DEFAULT_BATCH_SIZE, SinkOptions, short_lived
+from recoverable_sink.options import DEFAULT_BATCH_SIZE, SinkOptions, client_config, short_lived
 
 log = get_logger("preflight")
 
@@ -52,6 +52,13 @@ class _ProbeLog:
 def _probe_config(options: SinkOptions, **extra: object) -> dict[str, object]:
     """A probe producer's configuration: the tasks' own, connected to every broker at once, logging quietly."""
     return short_lived({**options.producer_config(), "logger": _ProbeLog(), **extra})
+
+
+def _probe_admin(options: SinkOptions) -> AdminClient:
+    """A new admin client for one write's checks, connected to every broker at once. Not the one the process
+    keeps for later calls: a kept client whose broker died during an earlier write may still be backing off
+    its reconnection (up to reconnect.backoff.max.ms) when the re-run that recovers from it asks."""
+    return AdminClient(short_lived(client_config(options)))
 
 
 _METADATA_TRY_S = 1.0  # metadata is asked in short tries, so an authentication or TLS failure ends the wait early
@@ -95,11 +102,9 @@ def _check_write_allowed(options: SinkOptions) -> None:
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import AclOperation
 
-    from recoverable_sink.delivery import shared_admin
-
     assert options.topic is not None
     try:
-        admin = shared_admin(options)
+        admin = _probe_admin(options)
         described = admin.describe_topics(TopicCollection([options.topic]), include_authorized_operations=True,
                                           request_timeout=options.preflight_timeout_s)[options.topic].result()
         allowed = described.authorized_operations
@@ -186,13 +191,11 @@ def fit_topic_limit(options: SinkOptions) -> SinkOptions:
 
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    from recoverable_sink.delivery import shared_admin
-
     if options.topic is None:
         return options
     resource = ConfigResource(ResourceType.TOPIC, options.topic)
     try:
-        admin = shared_admin(options)
+        admin = _probe_admin(options)
         entry = admin.describe_configs([resource], request_timeout=options.preflight_timeout_s)[resource] \
             .result().get("max.message.bytes")
         limit = int(entry.value) if entry is not None and entry.value is not None else None
@@ -225,7 +228,7 @@ def check_transactions(options: SinkOptions) -> None:
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    from recoverable_sink.delivery import shared_admin, wait_for_broker
+    from recoverable_sink.delivery import wait_for_broker
 
     timeout_s = options.preflight_timeout_s
     asked_ms = int(options.producer_config()["transaction.timeout.ms"])
@@ -238,7 +241,7 @@ def check_transactions(options: SinkOptions) -> None:
         problem = transaction_problem(exc.args[0], "init_transactions", probe)
         raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
     try:
-        admin = shared_admin(options)
+        admin = _probe_admin(options)
         brokers = list(admin.list_topics(timeout=timeout_s).brokers)
         try:
             resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))
