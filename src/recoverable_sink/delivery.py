@@ -457,7 +457,7 @@ def _refused(exc: KafkaException, position: int, topic: str | None, partition: i
     if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
                       KafkaError._INVALID_ARG):
         return RecordError(f"{where} was refused by the producer: {err.name()}: {scrub(err.str())}")
-    if err.fatal() or err.code() == KafkaError._FATAL:
+    if err.fatal() or err.code() in (KafkaError._FATAL, KafkaError._FENCED):
         return FatalProducerError(f"{where} could not be queued: fatal producer error: {err.name()}: "
                                   f"{scrub(err.str())}")
     return DeliveryError(f"{where} could not be queued: {err.name()}: {scrub(err.str())}")
@@ -484,6 +484,9 @@ def send_batch(producer: SinkProducer, batch: pa.RecordBatch, topic: str | None,
             upto = n if handed == batch.num_rows else handed if rows is None else rows[handed]
             tracker.handed(_Handed(seg_first, bitmap, upto, topic, None, slot, rows), handed)
         if code:
+            # A handle in a fatal state (fenced, idempotence lost) refuses every record with that error's code:
+            # poll raises it as fatal, which the task reports as such, not as this record's problem.
+            producer.poll(0)
             names = batch.schema.names
             row_topic = batch.column("topic")[handed].as_py() if "topic" in names else topic
             part = batch.column("partition")[handed].as_py() if "partition" in names else None
