@@ -208,7 +208,7 @@ _ADMINS_MAX = 4
 
 def shared_admin(options: SinkOptions) -> AdminClient:
     """An admin client for these connection settings, kept for the process's later calls (a worker's later
-    tasks' marker reads; the driver's checks and marker deletions of later writes): a new client's first
+    tasks' marker reads; the driver's marker deletions of later writes): a new client's first
     request waits for its connection to the cluster (about 30 ms even on one host)."""
     key = tuple(sorted(client_config(options).items()))
     with _admins_lock:
