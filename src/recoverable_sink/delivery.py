@@ -33,11 +33,10 @@ from typing import Any
 import confluent_kafka
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
-from recoverable_sink.options import SinkOptions, client_config
+from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import KafkaRecords, producer_columns, to_records
 
 log = get_logger("delivery")
@@ -199,26 +198,6 @@ def partition_count(producer: SinkProducer, topic: str, timeout_s: float) -> tup
     if meta is None or meta.error is not None:
         return -1, meta.error.str() if meta is not None and meta.error is not None else "no metadata"
     return len(meta.partitions), None
-
-
-_admins: dict[ProducerKey, AdminClient] = {}
-_admins_lock = threading.Lock()
-_ADMINS_MAX = 4
-
-
-def shared_admin(options: SinkOptions) -> AdminClient:
-    """An admin client for these connection settings, kept for the process's later calls (a worker's later
-    tasks' marker reads; the driver's marker deletions of later writes): a new client's first
-    request waits for its connection to the cluster (about 30 ms even on one host)."""
-    key = tuple(sorted(client_config(options).items()))
-    with _admins_lock:
-        admin = _admins.pop(key, None)
-        if admin is None:
-            admin = AdminClient(dict(key))
-        while len(_admins) >= _ADMINS_MAX:  # the least recently used goes
-            del _admins[next(iter(_admins))]
-        _admins[key] = admin
-        return admin
 
 
 class ProducerPool:

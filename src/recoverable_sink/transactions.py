@@ -24,19 +24,14 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.delivery import (
-    NativeProducer,
-    SinkProducer,
-    delivery_timeout_s,
-    new_producer,
-    shared_admin,
-    wait_for_broker,
-)
+from recoverable_sink.delivery import NativeProducer, SinkProducer, delivery_timeout_s, new_producer, wait_for_broker
 from recoverable_sink.errors import DeliveryError, transaction_problem
 from recoverable_sink.options import SinkOptions, client_config, short_lived
 
@@ -45,6 +40,26 @@ log = get_logger("transactions")
 # How long a new transactional producer waits for a first broker (at most half of init_transactions' time
 # limit) before init_transactions is called anyway.
 _CONNECT_WAIT_S = 10.0
+
+
+_admins: dict[tuple[tuple[str, str], ...], AdminClient] = {}
+_admins_lock = threading.Lock()
+_ADMINS_MAX = 4
+
+
+def _admin(options: SinkOptions) -> AdminClient:
+    """An admin client for these connection settings, kept for the process's later calls (a worker's later
+    tasks, a driver's later writes): a new client's first request waits for its connection to the cluster
+    (about 30 ms even on one host), which every partition's marker read would pay again."""
+    key = tuple(sorted(client_config(options).items()))
+    with _admins_lock:
+        admin = _admins.pop(key, None)
+        if admin is None:
+            admin = AdminClient(dict(key))
+        while len(_admins) >= _ADMINS_MAX:  # the least recently used goes
+            del _admins[next(iter(_admins))]
+        _admins[key] = admin
+        return admin
 
 
 def _init_timeout_s(options: SinkOptions) -> float:
@@ -153,7 +168,7 @@ class PartitionTransaction:
 
     def read_marker(self) -> dict | None:
         """The marker committed with this partition's transaction, if any."""
-        admin = shared_admin(self.options)
+        admin = _admin(self.options)
         request = ConsumerGroupTopicPartitions(self.txn_id)
         deadline = time.monotonic() + _init_timeout_s(self.options)
         while True:
@@ -236,7 +251,7 @@ def delete_markers(options: SinkOptions, groups: list[str]) -> int:
     marker that cannot be deleted expires with the brokers' offsets.retention.minutes (7 days by default)."""
     if not groups:
         return 0
-    admin = shared_admin(options)
+    admin = _admin(options)
     deleted = 0
     for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
         try:
