@@ -270,11 +270,11 @@ def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
 
 
 def short_lived(conf: dict[str, Any]) -> dict[str, Any]:
-    """``conf`` for a client made for a few requests and then closed (the driver's probe producers, one
-    partition's transactional producer): it connects to every broker it learns of at once. With librdkafka's
-    sparse connections, a new client drops its bootstrap connection once it learns the brokers' ids and
-    connects to one of them no sooner than ``reconnect.backoff.ms`` / 2 (at least 11 ms) later: its first
-    metadata answer took 29 ms instead of 2.5 on one host. A ``kafka.enable.sparse.connections`` of the
+    """``conf`` for a client made for a few requests and then closed (the driver's probe producers and admin
+    clients, one partition's transactional producer): it connects to every broker it learns of at once. With
+    librdkafka's sparse connections, a new client drops its bootstrap connection once it learns the brokers'
+    ids and connects to one of them no sooner than ``reconnect.backoff.ms`` / 2 (at least 11 ms) later: its
+    first metadata answer took 29 ms instead of 2.5 on one host. A ``kafka.enable.sparse.connections`` of the
     user's wins.
 
     >>> short_lived({"bootstrap.servers": "b:9092"})["enable.sparse.connections"]
