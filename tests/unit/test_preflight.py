@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import parse_options, short_lived
 from recoverable_sink.preflight import check_cluster
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from testing.kafka_local import free_port
 
 
 def test_unreachable_brokers_give_one_error_and_no_librdkafka_line_per_attempt(capfd):
-    options = parse_options({"kafka.bootstrap.servers": f"127.0.0.1:{_closed_port()}", "topic": "t",
+    options = parse_options({"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}", "topic": "t",
                              "preflight.timeoutMs": "1000"})
     with pytest.raises(OptionError, match=r"cannot reach kafka\.bootstrap\.servers=127\.0\.0\.1:\d+ within 1s"):
         check_cluster(options)
