@@ -163,7 +163,9 @@ class PartitionWriter:
         self.logged = 0  # records handed to the WAL (the ones this attempt must send)
         self._pending: _Pending | None = None
         self._last_store: Future[int] | None = None
+        self._last_wal_job: Future[object] | None = None  # the newest store or acknowledgement save queued
         self._wal_failed: BaseException | None = None
+        self._save_failed: BaseException | None = None
         self._last_checkpoint = time.monotonic()
         self.wal: Wal | None = open_wal(options.resolved_wal_path()) if options.wal_enabled else None
         self.priors: list[AttemptInfo] = []
@@ -248,6 +250,11 @@ class PartitionWriter:
         self._pending = _Pending(batch, self.logged, stored)
         self.logged += batch.num_rows
 
+    def _produce_pending(self) -> None:
+        if self._pending is not None:
+            self._produce(self._pending)
+            self._pending = None
+
     def _log(self, batch: pa.RecordBatch, digests: bytes | None) -> Future[int]:
         assert self.wal is not None and self.attempt_key is not None
         wal, key, first = self.wal, self.attempt_key, self.logged
@@ -270,7 +277,7 @@ class PartitionWriter:
                 self._wal_failed = exc
                 raise
 
-        self._last_store = _thread("wal").submit(store)
+        self._last_store = self._last_wal_job = _thread("wal").submit(store)
         return self._last_store
 
     def _produce(self, pending: _Pending) -> None:
@@ -291,7 +298,7 @@ class PartitionWriter:
             # A drain: produce nothing more until the producer's queue is empty, so that what it held is known
             # to be acknowledged or failed. Waiting only a while would let a large backlog (big values) refill
             # the queue before every drain, and no acknowledgement would be learnt until the end.
-            self._checkpoint(wait_s=_final_wait_s(self.options))
+            self._checkpoint(wait_s=_final_wait_s(self.options), sync=False)
 
     def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
         hint = ""
@@ -305,15 +312,34 @@ class PartitionWriter:
         # Delivery callbacks run on this (the task's) thread, inside produce/poll/flush: no lock needed.
         return self.tracker.take_dirty()
 
-    def _save_acks(self) -> None:
-        if self.wal is not None and self.attempt_key is not None:
-            if self._last_store is not None:
-                wait([self._last_store])  # bitmaps of a segment only after the segment itself
-            self.wal.save_acks(self.attempt_key, self._take_dirty())
+    def _save_acks(self, sync: bool = True) -> None:
+        """Persist the bitmaps changed since the last save. They are queued on the WAL's one thread behind the
+        stores, so a segment's bitmap is never written before the segment, nor an older bitmap after a newer
+        one; with ``sync``, return once every queued WAL write is done (raising a failed save's error)."""
+        if self.wal is None or self.attempt_key is None:
+            return
+        acks = self._take_dirty()
+        if acks:
+            wal, key = self.wal, self.attempt_key
 
-    def _checkpoint(self, wait_s: float) -> None:
+            def save() -> None:
+                try:
+                    wal.save_acks(key, acks)
+                except BaseException as exc:
+                    self._save_failed = exc
+                    self._wal_failed = self._wal_failed or exc  # no later batch enters the log either
+                    raise
+
+            self._last_wal_job = _thread("wal").submit(save)
+        if sync and self._last_wal_job is not None:
+            wait([self._last_wal_job])  # a failed store is reported where its batch is produced
+            if self._save_failed is not None:
+                raise self._save_failed
+
+    def _checkpoint(self, wait_s: float, sync: bool = True) -> None:
         """Persist what Kafka acknowledged so far; with ``wait_s``, drain: wait up to that long for the rest,
-        persisting every ``_CHECKPOINT_EVERY_S`` meanwhile (a kill during a long final flush repeats little)."""
+        persisting every ``_CHECKPOINT_EVERY_S`` meanwhile (a kill during a long final flush repeats little).
+        Without ``sync`` the saves are only queued: a drain in mid-partition need not wait for the disk."""
         deadline = time.monotonic() + wait_s
         while True:
             remaining = deadline - time.monotonic()
@@ -326,7 +352,7 @@ class PartitionWriter:
                 self._save_acks()  # the acknowledgements served before the producer died still count
                 raise self._located(exc) from None
             self._last_checkpoint = time.monotonic()
-            self._save_acks()
+            self._save_acks(sync)
             if not self.tracker.outstanding or time.monotonic() >= deadline:
                 return
 
@@ -341,12 +367,11 @@ class PartitionWriter:
     def _commit(self) -> SinkCommitMessage:
         if self.committed_before:
             return self._already_committed()
-        if self._pending is not None:
-            self._produce(self._pending)
-            self._pending = None
+        self._produce_pending()
         if self.wal is not None and self.attempt_key is not None:
             if self._last_store is not None:
                 self._last_store.result()
+            self._save_acks()  # every queued save done before this thread writes the WAL
             self.wal.set_state(self.attempt_key, LOGGED, self._take_dirty())
         self._checkpoint(wait_s=_final_wait_s(self.options))
         tracker = self.tracker
@@ -439,8 +464,8 @@ class PartitionWriter:
         """After a failure: give records already handed over their chance to be acknowledged and persist what
         was, so a retry skips them; then drop the producer so no stale delivery reaches the next task."""
         try:
-            if self._last_store is not None:
-                wait([self._last_store])  # its outcome does not matter here; LMDB commits whole or not at all
+            if self._last_wal_job is not None:
+                wait([self._last_wal_job])  # its outcome does not matter here; LMDB commits whole or not at all
             # Under exactly_once the transaction is aborted whatever was acknowledged: nothing to wait for.
             waiting = self.tracker.outstanding and self.txn is None
             self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if waiting else 0)

@@ -8,6 +8,7 @@ import random
 import pyarrow as pa
 import pytest
 
+from recoverable_sink import task
 from recoverable_sink.cli import NotFullyLogged, replay_partition
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError, FatalProducerError, WalFullError
@@ -48,9 +49,7 @@ def crash_after(opts, data: list[bytes], acked: int | None = None, attempt: int 
     def send(part: list[bytes]) -> None:
         for b in batches(part):
             writer.write(b)
-        if writer._pending is not None:
-            writer._produce(writer._pending)
-            writer._pending = None
+        writer._produce_pending()
 
     send(data[:acked])
     writer._checkpoint(wait_s=1.0)
@@ -89,6 +88,23 @@ def test_retry_reading_its_input_in_another_order_sends_only_what_was_never_ackn
     assert message.skipped == 430 and message.published == 570
     assert message.replayed == 570  # logged by attempt 0, never acknowledged
     assert sorted(retry.values()) == sorted(data[430:])
+
+
+def test_drains_in_mid_partition_queue_their_saves_behind_the_stores_and_a_retry_skips_what_they_saved(
+        wal_dir, monkeypatch):
+    """Every batch handed over drains, and the drain only queues its save on the WAL thread: once that thread
+    has done what was queued (a kill lands after it), the retry skips exactly what Kafka acknowledged."""
+    monkeypatch.setattr(task, "_CHECKPOINT_EVERY_S", 1e-6)
+    opts, data = options(wal_dir), rows(1000)
+    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
+    for b in batches(data):
+        writer.write(b)
+    task._thread("wal").submit(lambda: None).result()  # what the drains queued is done; then the kill
+    assert writer.tracker.acked == 900  # the last batch waits to be produced until the next or the commit
+    retry = FakeProducer()
+    message = finish(opts, retry, data[::-1], attempt=1)
+    assert (message.skipped, message.published) == (900, 100)
+    assert sorted(retry.values()) == sorted(data[900:])
 
 
 def test_equal_records_count_as_a_multiset(wal_dir):
