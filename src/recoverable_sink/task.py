@@ -331,10 +331,16 @@ class PartitionWriter:
                     raise
 
             self._last_wal_job = _thread("wal").submit(save)
-        if sync and self._last_wal_job is not None:
-            wait([self._last_wal_job])  # a failed store is reported where its batch is produced
-            if self._save_failed is not None:
-                raise self._save_failed
+        if sync:
+            self._wait_for_wal()
+
+    def _wait_for_wal(self) -> None:
+        """Return once every queued WAL write is done, raising a failed save's error (a failed store is reported
+        where its batch is produced)."""
+        if self._last_wal_job is not None:
+            wait([self._last_wal_job])
+        if self._save_failed is not None:
+            raise self._save_failed
 
     def _checkpoint(self, wait_s: float, sync: bool = True) -> None:
         """Persist what Kafka acknowledged so far; with ``wait_s``, drain: wait up to that long for the rest,
@@ -371,7 +377,7 @@ class PartitionWriter:
         if self.wal is not None and self.attempt_key is not None:
             if self._last_store is not None:
                 self._last_store.result()
-            self._save_acks()  # every queued save done before this thread writes the WAL
+            self._wait_for_wal()  # the queued saves land first; the bitmaps since go with the state
             self.wal.set_state(self.attempt_key, LOGGED, self._take_dirty())
         self._checkpoint(wait_s=_final_wait_s(self.options))
         tracker = self.tracker
