@@ -374,6 +374,13 @@ class DeliveryTracker:
         self.dirty.clear()
         return out
 
+    def restore(self, acks: dict[int, bytearray]) -> None:
+        """Bitmaps taken by :meth:`take_dirty` whose save failed: the next call returns them again. A segment
+        still tracked keeps its own bitmap, which is newer (acknowledgements only add up)."""
+        for first, bitmap in acks.items():
+            self.bitmaps.setdefault(first, bitmap)
+            self.dirty.add(first)
+
     def first_error(self) -> str | None:
         if not self.errors:
             return None

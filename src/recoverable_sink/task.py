@@ -166,6 +166,9 @@ class PartitionWriter:
         self._last_wal_job: Future[object] | None = None  # the newest store or acknowledgement save queued
         self._wal_failed: BaseException | None = None
         self._save_failed: BaseException | None = None
+        # Bitmaps taken from the tracker whose write failed (a refused batch carries them too): the tracker forgets
+        # a fully acknowledged segment once its bitmap is taken, so abort gives them back to be saved again.
+        self._unsaved: list[dict[int, bytearray]] = []
         self._last_checkpoint = time.monotonic()
         self.wal: Wal | None = open_wal(options.resolved_wal_path()) if options.wal_enabled else None
         self.priors: list[AttemptInfo] = []
@@ -268,13 +271,15 @@ class PartitionWriter:
             if digests is None else None
 
         def store() -> int:
-            if self._wal_failed is not None:  # a refused batch lets no later batch into the log
-                raise self._wal_failed
             try:
+                if self._wal_failed is not None:  # a refused batch lets no later batch into the log
+                    raise self._wal_failed
                 ids = digests if hashed is None else hashed.result()
                 return wal.append(key, first, batch, ids, self.options.wal_max_bytes, acks)
             except BaseException as exc:
-                self._wal_failed = exc
+                self._wal_failed = self._wal_failed or exc
+                if acks:
+                    self._unsaved.append(acks)
                 raise
 
         self._last_store = self._last_wal_job = _thread("wal").submit(store)
@@ -328,6 +333,7 @@ class PartitionWriter:
                 except BaseException as exc:
                     self._save_failed = exc
                     self._wal_failed = self._wal_failed or exc  # no later batch enters the log either
+                    self._unsaved.append(acks)
                     raise
 
             self._last_wal_job = _thread("wal").submit(save)
@@ -378,7 +384,12 @@ class PartitionWriter:
             if self._last_store is not None:
                 self._last_store.result()
             self._wait_for_wal()  # the queued saves land first; the bitmaps since go with the state
-            self.wal.set_state(self.attempt_key, LOGGED, self._take_dirty())
+            acks = self._take_dirty()
+            try:
+                self.wal.set_state(self.attempt_key, LOGGED, acks)
+            except BaseException:
+                self._unsaved.append(acks)
+                raise
         self._checkpoint(wait_s=_final_wait_s(self.options))
         tracker = self.tracker
         if tracker.failed or tracker.outstanding:
@@ -472,6 +483,11 @@ class PartitionWriter:
         try:
             if self._last_wal_job is not None:
                 wait([self._last_wal_job])  # its outcome does not matter here; LMDB commits whole or not at all
+            # A failed write's error is the task's (already raised); its bitmaps go out again with the rest.
+            self._save_failed = None
+            for acks in self._unsaved:
+                self.tracker.restore(acks)
+            self._unsaved.clear()
             # Under exactly_once the transaction is aborted whatever was acknowledged: nothing to wait for.
             waiting = self.tracker.outstanding and self.txn is None
             self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if waiting else 0)

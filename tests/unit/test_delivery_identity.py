@@ -3,6 +3,7 @@ attempt got the same record, for the same destination, acknowledged, counted as 
 
 from __future__ import annotations
 
+import logging
 import random
 
 import pyarrow as pa
@@ -11,6 +12,7 @@ import pytest
 from recoverable_sink import task
 from recoverable_sink.cli import NotFullyLogged, replay_partition
 from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.delivery import serve
 from recoverable_sink.errors import DeliveryError, FatalProducerError, WalFullError
 from recoverable_sink.identity import record_digests
 from recoverable_sink.options import parse_options
@@ -178,6 +180,57 @@ def test_wal_refusal_lets_no_later_batch_into_the_log(wal_dir):
     firsts = [s.first for s in wal.segments(attempt.key)]
     assert firsts == [0]  # batch 0 only: no batch after the refused one
     assert attempt.state == OPEN
+
+
+def test_acknowledgements_carried_by_a_refused_batch_are_saved_by_the_abort_and_a_retry_skips_them(
+        wal_dir, monkeypatch):
+    """A batch's store also carries the bitmaps acknowledged since the last save. When the WAL refuses that
+    batch (wal.maxBytes), the abort must still save them: the tracker forgets a fully acknowledged segment
+    once its bitmap is taken, so otherwise a retry sends those 100 records a second time."""
+    monkeypatch.setattr(task, "_CHECKPOINT_EVERY_S", 3600.0)  # no drain of its own: the test serves the reports
+    opts = options(wal_dir, **{"wal.maxBytes": "4000"})
+    data = rows(400)
+    producer = FakeProducer()
+    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=producer)
+    writer.write(batches(data[:100])[0])
+    writer._produce_pending()
+    serve(producer, writer.tracker)  # all 100 acknowledged, not saved yet
+    with pytest.raises(WalFullError, match="wal.maxBytes=4000"):
+        writer.write(batches(data[100:], size=300)[0])  # ~5.7 KB: refused, with the bitmap it carried
+        writer.commit()
+    writer.abort()
+    second = FakeProducer()
+    finish(options(wal_dir), second, data, attempt=1)  # the retry with room for all of it
+    assert second.values() == data[100:]
+
+
+def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_bitmaps_again(
+        wal_dir, monkeypatch, caplog):
+    monkeypatch.setattr(task, "_CHECKPOINT_EVERY_S", 3600.0)
+    opts = options(wal_dir)
+    data = rows(300)
+    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
+    for b in batches(data):
+        writer.write(b)
+    writer._produce_pending()
+    real, calls = writer.wal.save_acks, []
+
+    def fails_once(key: str, acks: dict[int, bytearray]) -> None:
+        calls.append(key)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        real(key, acks)
+
+    monkeypatch.setattr(writer.wal, "save_acks", fails_once)
+    writer._checkpoint(wait_s=1.0, sync=False)  # all 300 acknowledged; their save fails on the WAL's thread
+    with pytest.raises(OSError, match="No space left"):
+        writer.commit()
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.task"):
+        writer.abort()
+    assert len(calls) == 2 and not caplog.records  # saved again, and no warning about a save that worked
+    second = FakeProducer()
+    finish(opts, second, data, attempt=1)
+    assert second.values() == []
 
 
 def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothing(wal_dir):
