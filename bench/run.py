@@ -8,7 +8,8 @@ One local broker, one SparkSession (``local[2,4]``), the same cached DataFrame f
 * ``wal_on_confluent`` ``wal_on`` with ``producer.native=false``: confluent-kafka's ``produce()`` per record
   instead of the C loop (what the native producer gains; the path ``--py-files`` takes)
 * ``exactly_once`` ``wal_on`` with ``delivery.guarantee=exactly_once`` (one transaction per Spark partition)
-* ``raw_client``   one confluent-kafka producer in this process, no Spark (the Python client's ceiling)
+* ``raw_client``   one confluent-kafka producer in a Python process of its own (bench.raw_client), no Spark
+  (the Python client's ceiling)
 
 per record shape (100 B and 1 KB values on 1- and 4-partition topics; 10 KB values, and 100 B values with two
 headers, on a 4-partition topic; every record keyed), interleaved A B C D A B C D ... so that drift (page
@@ -28,6 +29,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -37,9 +39,10 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from bench.raw_client import DISTINCT_KEYS
+from bench.raw_client import row as raw_row
 from bench.report import markdown, plot
 from bench.rss import WorkerRssSampler
 from testing.kafka_check import count_records, count_topic
@@ -60,14 +63,11 @@ WARMUP_ROWS = min(ROWS, 40_000)
 # 2.1 and 1.8 s for its first four 2M x 100 B writes in one session (the JVM's JIT and heap settle), so a
 # small warm-up left its first repetitions slow and flattered the sink.
 JVM_WARMUP_WRITES = int(os.environ.get("BENCH_JVM_WARMUP_WRITES", "2"))
-DISTINCT_KEYS = 100_000
 CASES = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")
 EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}
 CONFLUENT = {"producer.native": "false"}
 # A quick look at some shapes only (no retry or memory runs), e.g. BENCH_ONLY=100B:4,100B+headers:4
 ONLY = {tuple(item.split(":")) for item in os.environ.get("BENCH_ONLY", "").split(",") if item}
-# The sink's producer defaults (options.PRODUCER_DEFAULTS); linger and batch sizes stay librdkafka's.
-RAW_PRODUCER = {"acks": "all", "enable.idempotence": "true", "partitioner": "murmur2_random"}
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,8 @@ class Bench:
                 started = time.perf_counter()
                 run.summary = write(topic)
                 run.seconds = time.perf_counter() - started
+                if run.summary and "timed_seconds" in run.summary:  # a case that times itself (the raw client)
+                    run.seconds = run.summary["timed_seconds"]
             # A transactional write's topic also holds its commit markers: count what read_committed reads.
             transactional = what.startswith("exactly_once")
             landed = count_records(self.bootstrap, topic) if transactional else count_topic(self.bootstrap, topic)
@@ -181,32 +183,16 @@ class Bench:
             return json.loads(summary_path.read_text().splitlines()[-1])
         return write
 
-    def raw_client(self, records: list[tuple[bytes, bytes, list[tuple[str, bytes]] | None]]) -> Callable[[str], None]:
-        def write(topic: str) -> None:
-            producer = Producer({"bootstrap.servers": self.bootstrap, **RAW_PRODUCER})
-            acked = failed = 0
-
-            def on_delivery(err: object, _msg: object) -> None:
-                nonlocal acked, failed
-                if err is None:
-                    acked += 1
-                else:
-                    failed += 1
-
-            produce, poll = producer.produce, producer.poll
-            for i, (key, value, headers) in enumerate(records):
-                while True:
-                    try:
-                        produce(topic, value, key, on_delivery=on_delivery, headers=headers)
-                        break
-                    except BufferError:  # local queue full: serve delivery reports, then retry
-                        poll(0.05)
-                if i % 10_000 == 0:
-                    poll(0)
-            while acked + failed < len(records):
-                producer.flush(1.0)
-            if failed:
-                raise RuntimeError(f"{failed} of {len(records)} records were not acknowledged")
+    def raw_client(self, rows: int, value_bytes: int, headers: bool) -> Callable[[str], dict[str, Any]]:
+        """The raw client in a process of its own (bench.raw_client), which builds its records before it starts
+        its clock; the time counted is the one it reports."""
+        def write(topic: str) -> dict[str, Any]:
+            command = [sys.executable, "-m", "bench.raw_client", self.bootstrap, topic, str(rows), str(value_bytes)]
+            done = subprocess.run([*command, *(["--headers"] if headers else [])], cwd=REPO, capture_output=True,
+                                  text=True, timeout=1800)
+            if done.returncode != 0:
+                raise RuntimeError(f"bench.raw_client exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+            return {"timed_seconds": json.loads(done.stdout.strip().splitlines()[-1])["seconds"]}
         return write
 
 
@@ -234,17 +220,11 @@ def frame(spark: SparkSession, rows: int, value_bytes: int, headers: bool = Fals
     return spark.range(0, rows, 1, partitions).select(*columns)
 
 
-def python_rows(rows: int, value_bytes: int, headers: bool = False) -> list[tuple[bytes, bytes, Any]]:
-    """The same rows as :func:`frame`, built here rather than collected: 2 GB would pass the driver's
-    spark.driver.maxResultSize; a spot check against Spark's rows guards the equivalence."""
-    return [(b"k%d" % (i % DISTINCT_KEYS), (b"%d:" % i).ljust(value_bytes, b"x")[:value_bytes],
-             [("source", b"bench"), ("seq", b"%d" % i)] if headers else None)
-            for i in range(rows)]
-
-
-def check_same_rows(df: DataFrame, records: list[tuple[bytes, bytes, Any]]) -> None:
+def check_same_rows(df: DataFrame, rows: int, value_bytes: int, headers: bool) -> None:
+    """The raw client builds its rows itself (bench.raw_client.row) rather than collecting them (2 GB would pass
+    the driver's spark.driver.maxResultSize): a spot check against Spark's rows guards the equivalence."""
     spark_rows = [*df.take(3), *df.tail(2)]
-    ours = [*records[:3], *records[-2:]]
+    ours = [raw_row(i, value_bytes, headers) for i in (0, 1, 2, rows - 2, rows - 1)]
     theirs = [(r["key"].encode(), r["value"].encode(),
                [(h["key"], bytes(h["value"])) for h in r["headers"]] if "headers" in r else None)
               for r in spark_rows]
@@ -281,12 +261,12 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
     print(f"\n== {shape.label}: caching {rows:,} rows ...", flush=True)
     df = frame(b.spark, rows, value_bytes, shape.headers).cache()
     assert df.count() == rows
-    records = python_rows(rows, value_bytes, shape.headers)
-    check_same_rows(df, records)
+    check_same_rows(df, rows, value_bytes, shape.headers)
     print(f"  cache: {cache_info(b.spark)}", flush=True)
     writers = {"spark_kafka": b.spark_kafka(df), "wal_on": b.recoverable(df, wal=True),
                "wal_off": b.recoverable(df, wal=False), "exactly_once": b.recoverable(df, wal=True, **EXACTLY_ONCE),
-               "wal_on_confluent": b.recoverable(df, wal=True, **CONFLUENT), "raw_client": b.raw_client(records)}
+               "wal_on_confluent": b.recoverable(df, wal=True, **CONFLUENT),
+               "raw_client": b.raw_client(rows, value_bytes, shape.headers)}
     # Untimed warm-up on a small slice: starts the Python workers, their producers and the JVM's Kafka
     # producer, and warms the JIT, so that the first timed repetition is not the only one paying for it.
     warmup_rows = min(rows, WARMUP_ROWS)
@@ -294,7 +274,7 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
     warm = {"spark_kafka": b.spark_kafka(small), "wal_on": b.recoverable(small, wal=True),
             "wal_off": b.recoverable(small, wal=False), "exactly_once": b.recoverable(small, wal=True, **EXACTLY_ONCE),
             "wal_on_confluent": b.recoverable(small, wal=True, **CONFLUENT),
-            "raw_client": b.raw_client(records[:warmup_rows])}
+            "raw_client": b.raw_client(warmup_rows, value_bytes, shape.headers)}
     for case in CASES:
         b.timed(f"{case} {shape.label} warm-up", 4, warmup_rows, warm[case])
     if not b.jvm_warm:
