@@ -25,6 +25,16 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _cpu_ticks(pid: int) -> int | None:
+    """User + system CPU time of a process, in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _rss_kib(pid: int) -> tuple[int, int] | None:
     """(VmRSS, RssAnon) in KiB. VmRSS also counts the LMDB file pages the worker has mapped (page cache it
     shares with the kernel); RssAnon is the worker's own heap, which is what can run an executor out of memory."""
@@ -55,7 +65,8 @@ def _descends_from(pid: int, ancestor: int) -> bool:
 
 class WorkerRssSampler:
     """Every ``interval_s``, VmRSS of each process below this one (the Spark JVM's children) whose command
-    line names a PySpark daemon or worker; keeps each process's maximum. Forked workers inherit the daemon's
+    line names a PySpark daemon or worker; keeps each process's maximum, and reports the largest among the
+    workers that used CPU meanwhile (at least 0.2 s). Forked workers inherit the daemon's
     command line, so both markers match them."""
 
     def __init__(self, interval_s: float = 0.05) -> None:
@@ -66,6 +77,7 @@ class WorkerRssSampler:
         self._thread = threading.Thread(target=self._loop, name="rss-sampler", daemon=True)
         self._me = os.getpid()
         self._known: dict[int, bool] = {}  # pid -> is a PySpark worker of ours (decided once per pid)
+        self._cpu: dict[int, tuple[int, int]] = {}  # pid -> CPU ticks (first seen, last seen)
 
     def __enter__(self) -> WorkerRssSampler:
         self._thread.start()
@@ -90,9 +102,10 @@ class WorkerRssSampler:
             pid = int(name)
             if pid == self._me or not self._is_worker(pid):
                 continue
-            rss = _rss_kib(pid)
-            if rss is None:
+            rss, ticks = _rss_kib(pid), _cpu_ticks(pid)
+            if rss is None or ticks is None:
                 continue
+            self._cpu[pid] = (self._cpu.get(pid, (ticks, ticks))[0], ticks)
             self.peak_kib[pid] = max(self.peak_kib.get(pid, 0), rss[0])
             self.peak_anon_kib[pid] = max(self.peak_anon_kib.get(pid, 0), rss[1])
 
@@ -101,8 +114,14 @@ class WorkerRssSampler:
             self.sample()
             self._stop.wait(self.interval_s)
 
+    def _busy(self) -> list[int]:
+        """The workers that ran the write: an idle worker keeps the memory its last task left (RSS does not
+        shrink), which would otherwise stand for this write's peak."""
+        busy_ticks = 0.2 * os.sysconf("SC_CLK_TCK")
+        return [pid for pid, (first, last) in self._cpu.items() if last - first >= busy_ticks]
+
     def peak_mib(self) -> float:
-        return max(self.peak_kib.values(), default=0) / 1024
+        return max((self.peak_kib[pid] for pid in self._busy()), default=0) / 1024
 
     def peak_anon_mib(self) -> float:
-        return max(self.peak_anon_kib.values(), default=0) / 1024
+        return max((self.peak_anon_kib[pid] for pid in self._busy()), default=0) / 1024
