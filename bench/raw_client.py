@@ -4,7 +4,7 @@ per-record delivery callback (the usual way to use the client), no Spark.
 It builds its records first (not timed), then times producing them until every one is acknowledged, and
 prints ``{"seconds": ...}``. A process of its own because the records are a Python list: 2M x 1 KB values
 is about 2.3 GB, and held in the bench's driver for a whole shape it slowed the Spark cases run beside it
-(`docs/performance.md`, "The raw client's records").
+(docs/performance.md, "The bench's own fault").
 
     .venv/bin/python -m bench.raw_client BOOTSTRAP TOPIC ROWS VALUE_BYTES [--headers]
 """
