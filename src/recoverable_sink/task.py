@@ -483,9 +483,10 @@ class PartitionWriter:
         try:
             if self._last_wal_job is not None:
                 wait([self._last_wal_job])  # its outcome does not matter here; LMDB commits whole or not at all
-            # A failed write's error is the task's (already raised); its bitmaps go out again with the rest.
+            # A failed write's error is the task's (already raised); its bitmaps go out again with the rest,
+            # newest first, so that a segment in two of them comes back with its later bitmap.
             self._save_failed = None
-            for acks in self._unsaved:
+            for acks in reversed(self._unsaved):
                 self.tracker.restore(acks)
             self._unsaved.clear()
             # Under exactly_once the transaction is aborted whatever was acknowledged: nothing to wait for.
