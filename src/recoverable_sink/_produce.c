@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <librdkafka/rdkafka.h>
 
 #define RK_FUNCS(X)                                                                                        \
@@ -401,13 +402,32 @@ static PyObject *Producer_poll(Producer *self, PyObject *args) {
     return PyLong_FromLong(served);
 }
 
+static int64_t monotonic_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* rd_kafka_flush waits in slices of 10 ms and ends a slice early only for a delivery report; with success reports
+ * off (delivery.report.only.error) an emptied queue was noticed up to 10 ms late, at every drain and at every task's
+ * end. Flushing 1 ms at a time notices it within a millisecond, and each call keeps linger.ms waived meanwhile. */
+static void flush_finely(rd_kafka_t *rk, int timeout_ms) {
+    int64_t deadline = timeout_ms < 0 ? INT64_MAX : monotonic_ms() + timeout_ms;
+    do {
+        int64_t left = deadline - monotonic_ms();
+        k_rd_kafka_flush(rk, left <= 0 ? 0 : 1);
+        if (left <= 1)
+            break;
+    } while (k_rd_kafka_outq_len(rk) > 0);
+}
+
 static PyObject *Producer_flush(Producer *self, PyObject *args) {
     double timeout = -1;
     if (!PyArg_ParseTuple(args, "|d", &timeout) || check_open(self) < 0)
         return NULL;
     self->busy++;
     Py_BEGIN_ALLOW_THREADS
-    k_rd_kafka_flush(self->rk, to_ms(timeout));
+    flush_finely(self->rk, to_ms(timeout));
     Py_END_ALLOW_THREADS
     self->busy--;
     release_values(self);

@@ -156,6 +156,26 @@ def test_columns_shorter_than_their_rows_are_refused_before_anything_is_sent() -
     assert len(producer) == 0
 
 
+def test_a_drain_sends_what_linger_ms_would_still_hold_back() -> None:
+    """A drain waits for the queue to empty; it must not wait out linger.ms to do so (a minute here)."""
+    producer = _mock(**{"linger.ms": "60000"})
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    send_batch(producer, _batch(50), "t", 0, None, tracker, str)
+    drain(producer, tracker, 20)
+    assert tracker.acked == 50 and len(producer) == 0
+
+
+def test_a_flush_that_cannot_empty_the_queue_returns_at_its_deadline_with_what_is_left() -> None:
+    nobody = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "60000", "log_level": "0"})
+    tracker = DeliveryTracker()
+    nobody.tracker = tracker
+    send_batch(nobody, _batch(5), "t", 0, None, tracker, str)
+    assert nobody.flush(0) == 5
+    assert nobody.flush(0.2) == 5
+    assert tracker.failed == 0 and tracker.outstanding == 5
+
+
 def test_a_bad_setting_is_a_kafka_exception_naming_it() -> None:
     from confluent_kafka import KafkaException
 
