@@ -115,8 +115,8 @@ def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, fir
                 "1970-01-01T00:00:00Z; librdkafka reads 0 as \"now\" and Kafka refuses earlier times, so it cannot "
                 "be sent as it is: use null (the producer stamps the record) or a later time"
             )
-    size = _record_sizes(batch)
-    if (row := _first(pc.greater(size, max_message_bytes))) is not None:
+    size = _record_sizes(batch) if _largest_record_bound(batch) > max_message_bytes else None
+    if size is not None and (row := _first(pc.greater(size, max_message_bytes))) is not None:
         what = "key+value+headers" if "headers" in names else "key+value"
         limit = limit_name or f"the producer's message.max.bytes={max_message_bytes}"
         raise RecordError(
@@ -140,6 +140,29 @@ def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, fir
                 f"{where}, record {first_position + row}: partition {parts[row].as_py()} is out of range for topic "
                 f"{topic}, which has {count} partitions (0..{count - 1}); fix the partition column or drop it"
             )
+
+
+def _largest_record_bound(batch: pa.RecordBatch) -> int:
+    """No record of the batch is larger than this (as :func:`_record_sizes` counts): the longest key and value,
+    and as many of the longest header as the most headers a record has. Sizing each record's headers took 0.64
+    ms per batch of 10,000 records with two headers each (numpy over every header), about 4% of the Python
+    worker's CPU in a write; this bound takes a few Arrow passes and clears an ordinary batch at once, so the
+    exact sizes are left for batches near the limit."""
+    names = batch.schema.names
+    bound = _RECORD_OVERHEAD + _longest(batch.column("value"))
+    if "key" in names:
+        bound += _longest(batch.column("key"))
+    if "headers" in names:
+        headers = batch.column("headers")
+        items = headers.flatten()
+        most = pc.max(pc.list_value_length(headers)).as_py() or 0
+        # A header: its key and value (a null value has none), each after a varint length of at most 5 bytes.
+        bound += most * (_longest(pc.struct_field(items, "key")) + _longest(pc.struct_field(items, "value")) + 10)
+    return bound
+
+
+def _longest(column: pa.Array) -> int:
+    return pc.max(pc.binary_length(column.cast(pa.binary()))).as_py() or 0
 
 
 def _record_sizes(batch: pa.RecordBatch) -> pa.Array:

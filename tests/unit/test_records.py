@@ -96,3 +96,39 @@ def test_header_lists_give_none_for_a_record_without_headers_and_keep_the_pairs_
     headers = pa.array([[], None, [{"key": "a", "value": b"1"}, {"key": "a", "value": None}], []], header_type)
     assert _header_lists(headers.slice(1)) == [None, [("a", b"1"), ("a", None)], None]
     assert _header_lists(headers) == [None, None, [("a", b"1"), ("a", None)], None]
+
+
+def test_the_quick_size_bound_is_never_below_a_records_exact_size():
+    # check_batch sizes records one by one only when this bound passes the limit: a bound below some record's
+    # size would let that record into the WAL and have librdkafka refuse it after.
+    import random
+
+    import pyarrow.compute as pc
+
+    from recoverable_sink.records import _largest_record_bound, _record_sizes
+
+    rng = random.Random(7)
+
+    def blob(most: int) -> bytes | None:
+        return None if rng.random() < 0.1 else bytes(rng.randrange(256) for _ in range(rng.randrange(most)))
+
+    for _ in range(200):
+        rows = rng.randrange(1, 40)
+        hdrs = [None if rng.random() < 0.1 else
+                [{"key": "é" * rng.randrange(20), "value": blob(300)} for _ in range(rng.randrange(4))]
+                for _ in range(rows)]
+        batch = pa.RecordBatch.from_pydict({
+            "key": pa.array([blob(50) for _ in range(rows)], pa.binary()),
+            "value": pa.array([None if rng.random() < 0.1 else "v" * rng.randrange(2000) for _ in range(rows)]),
+            "headers": headers(*hdrs)})
+        start = rng.randrange(rows)
+        for part in (batch, batch.slice(start), batch.drop_columns(["headers"])):
+            assert _largest_record_bound(part) >= (pc.max(_record_sizes(part)).as_py() or 0)
+
+
+def test_a_record_whose_headers_pass_the_limit_is_named_among_small_ones():
+    small = [{"key": "a", "value": b"1"}]
+    b = pa.RecordBatch.from_pydict({"value": [b"v"] * 3,
+                                    "headers": headers(small, [{"key": "big", "value": b"x" * 990}], small)})
+    with pytest.raises(RecordError, match=r"p0, record 8: key\+value\+headers with the record framing is 1033 bytes"):
+        check_batch(b, "t", "p0", 7, 1000, counts)
