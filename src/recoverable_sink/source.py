@@ -14,7 +14,7 @@ from pyspark.sql.types import StructType
 from recoverable_sink.batch import RecoverableKafkaBatchWriter
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import SinkOptions, parse_options
-from recoverable_sink.preflight import check_cluster, check_transactions, fit_topic_limit
+from recoverable_sink.preflight import TopicQuestions, check_cluster, check_transactions, fit_topic_limit
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.schema import plan_schema
 from recoverable_sink.stream import RecoverableKafkaStreamWriter
@@ -56,8 +56,9 @@ class RecoverableKafkaDataSource(DataSource):
         """Options, schema plan and cluster id, all checked on the driver before any task runs."""
         options = parse_options(self.options)
         plan = plan_schema(schema, options.topic)
-        cluster_id = check_cluster(options)
-        options = fit_topic_limit(options)
+        questions = TopicQuestions.ask(options)  # answered while check_cluster waits for the brokers' metadata
+        cluster_id = check_cluster(options, questions)
+        options = fit_topic_limit(options, questions)
         if options.exactly_once:
             check_transactions(options)
         return WriterArgs(options, plan, cluster_id)
