@@ -7,8 +7,8 @@
  * (the message opaque): what succeeded is learnt at drains, as in the Python path.
  *
  * librdkafka is not linked: load() opens the library confluent-kafka ships (the same build its producer
- * uses) or the system's, and looks up the functions below; rdkafka.h (Debian: librdkafka-dev) is needed
- * only to compile. Every function used here is in librdkafka's stable C API since 1.4.
+ * uses) or the system's, checks its version and looks up the functions below. They are declared in
+ * _rdkafka_api.h, so building needs only a C compiler and Python's headers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,11 +18,12 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
-#include <librdkafka/rdkafka.h>
+#include "_rdkafka_api.h"
 
 #define RK_FUNCS(X)                                                                                        \
-    X(rd_kafka_version_str) X(rd_kafka_conf_new) X(rd_kafka_conf_set) X(rd_kafka_conf_destroy)            \
-    X(rd_kafka_conf_set_dr_msg_cb) X(rd_kafka_conf_set_opaque) X(rd_kafka_new) X(rd_kafka_destroy)         \
+    X(rd_kafka_version) X(rd_kafka_version_str) X(rd_kafka_conf_new) X(rd_kafka_conf_set)                  \
+    X(rd_kafka_conf_destroy) X(rd_kafka_conf_set_dr_msg_cb) X(rd_kafka_conf_set_opaque) X(rd_kafka_new)    \
+    X(rd_kafka_destroy)                                                                                    \
     X(rd_kafka_topic_new) X(rd_kafka_topic_destroy) X(rd_kafka_topic_name) X(rd_kafka_produceva)           \
     X(rd_kafka_poll) X(rd_kafka_flush) X(rd_kafka_outq_len) X(rd_kafka_purge) X(rd_kafka_fatal_error)      \
     X(rd_kafka_err2str) X(rd_kafka_headers_new) X(rd_kafka_headers_destroy) X(rd_kafka_header_add)         \
@@ -868,6 +869,12 @@ static PyObject *load(PyObject *module, PyObject *args) {
         return PyErr_Format(PyExc_OSError, "%s has no %s", path, #name);                                     \
     }
     RK_FUNCS(LOOKUP)
+    if (k_rd_kafka_version() < RK_MIN_VERSION) {
+        PyErr_Format(PyExc_OSError, "%s is librdkafka %s; the native producer needs 1.4.0 or later", path,
+                     k_rd_kafka_version_str());
+        dlclose(lib);
+        return NULL;
+    }
     loaded = 1; /* the library stays open for the life of the process */
     return PyUnicode_FromString(k_rd_kafka_version_str());
 }

@@ -86,19 +86,27 @@ _native: list[Any] = []  # [the loaded _produce module, or None], decided once p
 
 
 def native_module() -> Any:
-    """The ``_produce`` extension with librdkafka loaded, or None where it is not built or cannot load."""
+    """The ``_produce`` extension with librdkafka loaded, or None where it is not built or cannot load. The
+    first call logs which producer path this process takes and, where it is the slower one, why."""
     if not _native:
         try:
             from recoverable_sink import _produce  # optional, like the digests
-        except ImportError:
+        except ImportError as exc:
+            log.warning("the native produce loop is not available in this Python (%s: the package was installed "
+                        "without its C extension, e.g. from --py-files or without a C compiler); producing "
+                        "through confluent-kafka, which is slower", exc)
             _native.append(None)
         else:
+            path = _librdkafka_path()
             try:
-                _produce.load(_librdkafka_path())
-                _native.append(_produce)
+                version = _produce.load(path)
             except OSError as exc:
-                log.warning("the native produce loop is off (%s); producing through confluent-kafka", exc)
+                log.warning("the native produce loop is off (%s); producing through confluent-kafka, which is "
+                            "slower", exc)
                 _native.append(None)
+            else:
+                log.info("producing through the native produce loop (librdkafka %s from %s)", version, path)
+                _native.append(_produce)
     return _native[0]
 
 

@@ -15,7 +15,7 @@ from recoverable_sink.errors import RecordError
 from recoverable_sink.records import producer_columns
 
 pytestmark = pytest.mark.skipif(delivery.native_module() is None,
-                                reason="the _produce extension is not built here (no rdkafka.h at install)")
+                                reason="the _produce extension is not built here (no C compiler at install)")
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
