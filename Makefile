@@ -19,10 +19,10 @@ $(STAMP_JARS): FORCE
 endif
 FORCE:
 
-$(STAMP_PY): pyproject.toml src/recoverable_sink/_digests.c src/recoverable_sink/_produce.c
+$(STAMP_PY): pyproject.toml recoverable_sink/_digests.c recoverable_sink/_produce.c
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	@# src layout: the editable install is a plain path entry to src/, which pkgutil.iter_modules() (Spark's
+	@# The editable install is a plain path entry to the repository, which pkgutil.iter_modules() (Spark's
 	@# auto-registration scan, run in workers) sees, so pyspark_recoverable_kafka is found as from a wheel.
 	$(PYTHON) -m pip install -q -e '.[test]'
 	@mkdir -p build && touch $@
@@ -45,7 +45,7 @@ demo: setup
 
 # The fast tier: no JVM, no broker (options, schema, records, WAL, identity rules, CLI replay, doctests).
 unit: setup
-	$(PYTHON) -m pytest -q tests/unit --doctest-modules src/recoverable_sink
+	$(PYTHON) -m pytest -q tests/unit --doctest-modules recoverable_sink
 
 # Real Spark and real Kafka brokers; the 15 slowest tests are listed at the end, to keep the suite short.
 integration: setup

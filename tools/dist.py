@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SRC = REPO / "src"
+SRC = REPO
 
 
 def version() -> str:
