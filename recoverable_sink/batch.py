@@ -37,13 +37,15 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         self.write_id = options.write_id or uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        from recoverable_sink.task import write_partition  # executor-side code, imported where it runs
+        from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
+        from recoverable_sink.task import write_partition
 
         ctx = TaskContext.get()
         assert ctx is not None, "write() runs inside a Spark task"
         ident = TaskIdentity(write_id=self.write_id, partition=ctx.partitionId(), attempt=ctx.attemptNumber(),
                              kind="batch", extra={"stage": ctx.stageId(), "task_attempt_id": ctx.taskAttemptId()})
-        return write_partition(iterator, self.options, self.plan, ident, self.cluster_id)
+        return write_partition(iterator, self.options, self.plan, ident, self.cluster_id,
+                               input_end=how_input_ended)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         summary = summarize(messages)

@@ -38,6 +38,10 @@ class DeliveryError(RecoverableSinkError):
     """Kafka did not acknowledge every record; the unacknowledged ones stay in the WAL."""
 
 
+class InputCutShortError(RecoverableSinkError):
+    """Spark ended the task's input early because the JVM side of the task failed; nothing is committed."""
+
+
 class FatalProducerError(DeliveryError):
     """The producer cannot go on (idempotence or transaction state lost; under exactly_once most often: another
     attempt of the partition fenced this one). The task fails; what was acknowledged is checkpointed."""

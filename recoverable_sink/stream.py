@@ -32,7 +32,8 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
         self.cluster_id = cluster_id
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        from recoverable_sink.task import write_partition  # executor-side code, imported where it runs
+        from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
+        from recoverable_sink.task import write_partition
         from recoverable_sink.wal import open_wal, release_committed_batches
 
         ctx = TaskContext.get()
@@ -51,7 +52,8 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
         ident = TaskIdentity(write_id=stream_write_id(query_id, batch), partition=ctx.partitionId(),
                              attempt=ctx.attemptNumber(), kind="stream",
                              extra={"query_id": query_id, "batch_id": batch, "task_attempt_id": ctx.taskAttemptId()})
-        message = write_partition(iterator, self.options, self.plan, ident, self.cluster_id)
+        message = write_partition(iterator, self.options, self.plan, ident, self.cluster_id,
+                               input_end=how_input_ended)
         message.query_id = query_id
         return message
 

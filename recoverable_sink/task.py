@@ -40,10 +40,11 @@ from recoverable_sink.delivery import (
     serve,
     wait_for_acks,
 )
-from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
+from recoverable_sink.errors import DeliveryError, FatalProducerError, InputCutShortError, RecordError
 from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
+from recoverable_sink.spark_input import InputEnd
 from recoverable_sink.transactions import PartitionTransaction
 from recoverable_sink.wal import LOGGED, AttemptInfo, Wal, open_wal, sweep_now_and_then
 
@@ -539,14 +540,24 @@ def _attempt_name(attempt_key: str) -> str:
 
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,
                     ident: TaskIdentity, cluster_id: str,
-                    on_start: Callable[[PartitionWriter], None] | None = None) -> SinkCommitMessage:
-    """Write one partition through a :class:`PartitionWriter`: commit on success, abort on any failure."""
+                    on_start: Callable[[PartitionWriter], None] | None = None,
+                    input_end: Callable[[], InputEnd] = lambda: InputEnd.UNKNOWN) -> SinkCommitMessage:
+    """Write one partition through a :class:`PartitionWriter`: commit once the input ended normally, abort on any
+    failure. ``input_end`` says how the input ended (:func:`recoverable_sink.spark_input.how_input_ended` in a
+    Spark task): a cut-short input is a failure, so that no part of a partition is ever committed or marked
+    fully logged."""
     writer = PartitionWriter(options, plan, ident, cluster_id, options.faults)
     if on_start is not None:
         on_start(writer)
     try:
         for batch in batches:
             writer.write(batch)
+        if input_end() is InputEnd.CUT_SHORT:
+            raise InputCutShortError(
+                f"{ident.where}: Spark ended this task's input after {writer.position} records because the JVM side "
+                "of the task failed (its own error is the task's error). Nothing of this attempt is committed"
+                + (": its transaction is aborted" if options.exactly_once else
+                   "; what Kafka acknowledged stays recorded in the WAL, so Spark's retry does not send it again"))
         return writer.commit()
     except BaseException:
         writer.abort()
