@@ -22,6 +22,13 @@ class TaskIdentity:
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
+    def transaction_scope(self) -> str:
+        """What a partition's transactional id (and marker group) is shared across under exactly_once: every
+        micro-batch of a streaming query, so their number on the brokers does not grow with the query's length;
+        a batch write's own id otherwise."""
+        return str(self.extra["query_id"]) if self.kind == "stream" else self.write_id
+
+    @property
     def where(self) -> str:
         """How error messages and log lines name this task."""
         return f"partition {self.partition} (attempt {self.attempt}) of write {self.write_id}"

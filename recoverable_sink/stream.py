@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, stream_write_id
+from recoverable_sink.contract import TaskIdentity, stream_write_id
 from recoverable_sink.errors import RecoverableSinkError
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
@@ -61,20 +61,6 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
         summary = summarize(messages)
         log_commit(f"micro-batch {batchId}", summary)
         write_summary(self.options.summary_path, "commit", f"batch-{batchId}", {"batch_id": batchId, **summary})
-        if self.options.exactly_once:
-            self._release_markers(messages, batchId)
-
-    def _release_markers(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
-        """Delete the commit markers of the micro-batch before this one. Not this batch's own: Spark writes its
-        commit log only after this returns, and a driver dying in between re-runs the batch, which must still
-        find them. The previous batch is in the commit log, or this one would not have run."""
-        from recoverable_sink.transactions import delete_markers, marker_groups
-
-        done = [m for m in messages if isinstance(m, SinkCommitMessage) and m.query_id]
-        if batch_id == 0 or not done:
-            return
-        previous = stream_write_id(str(done[0].query_id), batch_id - 1)
-        delete_markers(self.options, marker_groups(self.options, previous, [m.partition for m in done]))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         summary = summarize(messages)

@@ -143,7 +143,8 @@ class PartitionWriter:
         self.committed_before = False
         self.committed: list[AttemptInfo] = []  # exactly_once: the attempts whose transactions hold records
         if options.exactly_once:
-            self.txn = PartitionTransaction(options, ident.write_id, ident.partition, self.where)
+            self.txn = PartitionTransaction(options, ident.write_id, ident.partition, self.where,
+                                           ident.transaction_scope)
             self.committed_before = self.txn.open(plan.topic_option)
             assert self.txn.producer is not None
             self.producer = self.txn.producer

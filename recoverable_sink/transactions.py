@@ -1,23 +1,27 @@
 """``delivery.guarantee=exactly_once`` (executor): one Kafka transaction per (write, Spark partition), with a
 commit marker inside it.
 
-Every attempt of a partition, on any host, uses the same ``transactional.id`` (``<prefix><write id>-<partition>``),
-so ``init_transactions()`` fences an earlier attempt's producer (a zombie or a speculative twin), aborts its open
-transaction, or waits until a commit already under way has completed. The transaction carries the data and a
-**commit marker**: an offset committed for a consumer group of the same name with
+Every attempt of a partition, on any host, uses the same ``transactional.id``, so ``init_transactions()`` fences an
+earlier attempt's producer (a zombie or a speculative twin), aborts its open transaction, or waits until a
+commit already under way has completed. The id is ``<prefix><scope>-<partition>``: the scope is a batch write's
+write id, and a streaming query's id for all its micro-batches, so a long query keeps one transactional id and
+one marker group per partition on the brokers, not one per micro-batch (the coordinator keeps every id for
+``transactional.id.expiration.ms``). The marker names the write (for a stream, the micro-batch) it commits.
+
+The transaction carries the data and a **commit marker**: an offset committed for a consumer group of the same name with
 ``send_offsets_to_transaction`` (the group never consumes; Apache Beam's exactly-once Kafka sink keeps its
 progress the same way). Data and marker become visible together or not at all, so after ``init_transactions()``
 a retry reads the marker (``require_stable``: pending transactional offsets are waited for) and knows whether
 the partition is already in Kafka, whatever host or input order it runs with.
 
 The marker lives in Kafka, not in the WAL: a retry on another host, with no local log, still finds it. The
-driver deletes the markers once Spark has committed the write (see ``batch`` and ``stream``).
+driver deletes a batch write's markers once Spark has committed it (see ``batch``); a query's markers are
+overwritten by each micro-batch and expire with the brokers' ``offsets.retention.minutes`` once it stops.
 
 A marker also names the WAL attempts whose transactions hold the partition's records, and how many records
-they hold in all. An attempt whose input was cut short (a shuffle fetch that failed upstream ends the
-task's input early, and the task commits before the JVM reports the failure) commits only part of its
-partition; a retry on the same host reads those attempts' record digests and sends the rest in one more
-transaction under the same id (see ``task``). Without them, the retry refuses rather than guess.
+they hold in all. An attempt commits only after Spark's input ended normally (see ``spark_input``), so a
+marker covers a whole partition; should a retry's input hold more records than the marker (a source that
+changed), it sends the rest where this host's WAL has the committed attempts' digests, and refuses otherwise.
 """
 
 from __future__ import annotations
@@ -69,19 +73,20 @@ def _init_timeout_s(options: SinkOptions) -> float:
     return min(120.0, max(10.0, delivery_timeout_s(options)))
 
 
-def transactional_id(options: SinkOptions, write_id: str, partition: int) -> str:
-    """The transactional id of one (write, partition), also the name of its marker's consumer group.
+def transactional_id(options: SinkOptions, scope: str, partition: int) -> str:
+    """The transactional id of one (scope, partition), also the name of its marker's consumer group; the scope
+    is a batch write's id or a streaming query's id (see :attr:`TaskIdentity.transaction_scope`).
 
     >>> from recoverable_sink.options import parse_options
     >>> o = parse_options({"kafka.bootstrap.servers": "b:9092", "delivery.guarantee": "exactly_once"})
     >>> transactional_id(o, "w1", 3)
     'recoverable-kafka-w1-3'
     """
-    return f"{options.transactional_id_prefix}{write_id}-{partition}"
+    return f"{options.transactional_id_prefix}{scope}-{partition}"
 
 
-def marker_groups(options: SinkOptions, write_id: str, partitions: list[int]) -> list[str]:
-    return [transactional_id(options, write_id, p) for p in partitions]
+def marker_groups(options: SinkOptions, scope: str, partitions: list[int]) -> list[str]:
+    return [transactional_id(options, scope, p) for p in partitions]
 
 
 class PartitionTransaction:
@@ -92,12 +97,13 @@ class PartitionTransaction:
     records it missed); ``commit(...)`` adds the marker and commits; ``abort()`` gives up (the records stay in
     the WAL; a re-run sends them under the same id)."""
 
-    def __init__(self, options: SinkOptions, write_id: str, partition: int, where: str) -> None:
+    def __init__(self, options: SinkOptions, write_id: str, partition: int, where: str,
+                 scope: str | None = None) -> None:
         self.options = options
         self.write_id = write_id
         self.partition = partition
         self.where = where
-        self.txn_id = transactional_id(options, write_id, partition)
+        self.txn_id = transactional_id(options, scope or write_id, partition)
         self.producer: SinkProducer | None = None
         self.in_transaction = False
         self.marker: dict | None = None  # the committed marker open() found, if any
@@ -134,6 +140,8 @@ class PartitionTransaction:
         except BaseException:
             self.close()
             raise
+        if marker is not None and marker.get("write_id", self.write_id) != self.write_id:
+            marker = None  # an earlier micro-batch's: this one is not committed yet
         if marker is not None and topic is not None and marker.get("topic", topic) != topic:
             log.info("%s: committed earlier to topic %s, now writing to %s: sending again", self.where,
                      marker.get("topic"), topic)

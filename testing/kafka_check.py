@@ -118,3 +118,50 @@ def _messages(bootstrap: str, topic: str, timeout_s: float, expected: int | None
                     todo.discard(tp.partition)
     finally:
         consumer.close()
+
+
+def _named_in_internal_topic(bootstrap: str, topic: str, prefix: str, timeout_s: float) -> set[str]:
+    """Names starting with ``prefix`` that an internal, compacted topic still holds: each key of
+    ``__transaction_state`` and ``__consumer_offsets`` is a version int16, then the name as an int16-length
+    string; a name whose newest record is a tombstone is gone."""
+    consumer = _consumer(bootstrap, "internal", "read_uncommitted")
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return set()  # nothing was ever written there on this cluster
+        ends = {p: _watermarks(consumer, topic, p, timeout_s)[1] for p in meta.partitions}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end > 0])
+        live: dict[str, bool] = {}
+        done = {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + timeout_s
+        while len(done) < len(ends):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} not read to its end in {timeout_s} s")
+            msg = consumer.poll(0.2)
+            if msg is None:  # transaction markers end __consumer_offsets' partitions unseen: ask the position
+                positions = consumer.position([TopicPartition(topic, p) for p in ends if p not in done])
+                done.update(tp.partition for tp in positions if tp.offset >= ends[tp.partition])
+                continue
+            if msg.error() is not None:
+                continue
+            key = msg.key() or b""
+            name = key[4:4 + int.from_bytes(key[2:4], "big")].decode("utf-8", "replace")
+            if name.startswith(prefix):
+                live[name] = msg.value() is not None
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                done.add(msg.partition())
+        return {name for name, alive in live.items() if alive}
+    finally:
+        consumer.close()
+
+
+def transactional_ids(bootstrap: str, prefix: str, timeout_s: float = 30) -> set[str]:
+    """The transactional ids starting with ``prefix`` that the transaction coordinators still keep."""
+    return _named_in_internal_topic(bootstrap, "__transaction_state", prefix, timeout_s)
+
+
+def consumer_groups(bootstrap: str, prefix: str, timeout_s: float = 30) -> set[str]:
+    """The consumer groups (the sink's commit markers among them) starting with ``prefix`` that still hold
+    offsets or metadata. Read from ``__consumer_offsets``: ListGroups leaves out a group that only ever had
+    offsets committed in a transaction, as the sink's markers."""
+    return _named_in_internal_topic(bootstrap, "__consumer_offsets", prefix, timeout_s)

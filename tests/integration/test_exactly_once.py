@@ -17,8 +17,8 @@ from recoverable_sink.options import parse_options
 from recoverable_sink.preflight import check_cluster
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.task import PartitionWriter
-from testing.chaos.checker import ids_in_topic
-from testing.spark import sink_writer
+from testing.chaos.checker import ids_in_topic, verdict
+from testing.spark import sink_stream_writer, sink_writer
 
 EO = {"delivery.guarantee": "exactly_once"}
 
@@ -219,3 +219,38 @@ def test_a_commit_marker_reads_back_whole_whichever_producer_wrote_it(kafka, new
         assert retry.marker is not None
         assert (retry.marker["write_id"], retry.marker["records"], retry.marker["attempts"], retry.marker["wal"]) == (
             f"w{write}", 100 + write, [f"attempt-{write}"], wal)
+
+
+def test_a_long_stream_keeps_one_transactional_id_and_marker_group_per_partition(spark, kafka, new_topic, tmp_path):
+    """Ids and marker groups are shared by a query's micro-batches: after 12 micro-batches of 4 partitions, and a
+    restart from the checkpoint that runs 4 more, the brokers keep at most 4 of each, and every record is there
+    once for a read_committed reader."""
+    from testing.kafka_check import consumer_groups, transactional_ids
+
+    topic, source, prefix = new_topic(4), tmp_path / "in", "eo-long-"
+    source.mkdir()
+
+    def add_files(first, count, per_file=250):
+        for f in range(first, first + count):
+            rows = "\n".join(json.dumps({"id": i}) for i in range(f * per_file, (f + 1) * per_file))
+            (source / f"part-{f:03d}.json").write_text(rows + "\n")
+
+    def run():
+        df = (spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).json(str(source)).repartition(4)
+              .selectExpr("CAST(id AS STRING) AS key", "'v' AS value"))
+        query = (sink_stream_writer(df, kafka.bootstrap_servers, topic, tmp_path / "wal",
+                                    **{**EO, "transactional.id.prefix": prefix,
+                                       "checkpointLocation": str(tmp_path / "checkpoint")})
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    add_files(0, 12)
+    run()
+    add_files(12, 4)
+    run()
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=16 * 250)
+    assert verdict((str(i) for i in range(16 * 250)), found) == (0, 0, 0)
+    ids = transactional_ids(kafka.bootstrap_servers, prefix) - {f"{prefix}preflight"}  # the driver's one probe
+    groups = consumer_groups(kafka.bootstrap_servers, prefix)
+    assert 1 <= len(ids) <= 4 and 1 <= len(groups) <= 4, (sorted(ids), sorted(groups))
