@@ -11,6 +11,7 @@ partitions that were only partly logged here::
     recoverable-kafka-wal replay --path /data/rk-wal --write-id 1ac57b... --bootstrap-servers broker:9092
     recoverable-kafka-wal replay --path /data/rk-wal --write-id 1ac57b... --kafka-config client.properties
     recoverable-kafka-wal purge  --path /data/rk-wal --write-id 1ac57b...
+    recoverable-kafka-wal transactions --prefix recoverable-kafka- --bootstrap-servers broker:9092 [--abort]
 
 Producer settings (the write's ``kafka.*`` options, without the prefix) come from, lowest precedence first: a
 ``--kafka-config`` properties file (``name=value`` lines, ``#`` comments, as a Kafka client's), environment
@@ -204,12 +205,33 @@ def _parser() -> argparse.ArgumentParser:
                                 "ps, so not for secrets)")
             p.add_argument("--partitions", type=int, default=None,
                            help="the write's partition count: also refuse when a partition is missing here")
+    p = sub.add_parser("transactions", help="list (and --abort) the open exactly_once transactions of a prefix",
+                       description="List the transactional ids of a transactional.id.prefix that the brokers "
+                                   "keep, with their state, read from __transaction_state (the principal needs "
+                                   "DESCRIBE and READ on it). With --abort, abort the open ones: each is fenced "
+                                   "and rolled back as a retry of its partition would. Exit 0, or 1 on an error.")
+    p.add_argument("--prefix", required=True, help="the write's transactional.id.prefix (default of the sink: "
+                                                   "recoverable-kafka-)")
+    p.add_argument("--abort", action="store_true", help="abort every open transaction listed")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("--bootstrap-servers", default=None,
+                   help="the brokers (or bootstrap.servers in --kafka-config or the environment)")
+    p.add_argument("--kafka-config", default=None, metavar="FILE",
+                   help="client settings as a properties file (name=value lines); the place for secrets")
+    p.add_argument("--kafka", action="append", default=[], metavar="NAME=VALUE",
+                   help="a client setting (repeatable; visible in ps, so not for secrets)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure("%(levelname)s %(name)s: %(message)s", logging.INFO)
+    if args.command == "transactions":
+        try:
+            return _transactions(args)
+        except RecoverableSinkError as exc:
+            log.error("%s", exc)
+            return 1
     try:
         wal = open_wal(args.path)
         if args.command == "list":
@@ -276,9 +298,31 @@ def producer_settings(args: argparse.Namespace, environ: dict[str, str]) -> dict
     if args.bootstrap_servers:
         settings["bootstrap.servers"] = args.bootstrap_servers
     if not settings.get("bootstrap.servers"):
-        raise RecoverableSinkError("replay needs the brokers: --bootstrap-servers, bootstrap.servers in "
+        raise RecoverableSinkError(f"{args.command} needs the brokers: --bootstrap-servers, bootstrap.servers in "
                                    f"--kafka-config, or {ENV_PREFIX}BOOTSTRAP_SERVERS")
     return {f"kafka.{name.removeprefix('kafka.')}": value for name, value in settings.items()}
+
+
+def _transactions(args: argparse.Namespace) -> int:
+    from recoverable_sink.lingering import abort, transactions
+
+    client = {k.removeprefix("kafka."): v for k, v in producer_settings(args, dict(os.environ)).items()}
+    found = transactions(client, args.prefix)
+    aborted = []
+    if args.abort:
+        for status in found:
+            if status.open:
+                abort(client, status.transactional_id)
+                aborted.append(status.transactional_id)
+                log.info("aborted the open transaction of %s (it was %s)", status.transactional_id, status.state)
+    if args.json:
+        sys.stdout.write(json.dumps({"transactions": [asdict(s) for s in found], "aborted": aborted}) + "\n")
+    else:
+        rows = [{"transactional_id": s.transactional_id, "state": s.state, "producer_id": s.producer_id,
+                 "timeout_ms": s.timeout_ms, "aborted": s.transactional_id in aborted} for s in found]
+        sys.stdout.write((_table(rows, ["transactional_id", "state", "producer_id", "timeout_ms", "aborted"])
+                          if rows else f"no transactional ids with prefix {args.prefix}") + "\n")
+    return 0
 
 
 def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> int:

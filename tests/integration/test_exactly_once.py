@@ -254,3 +254,38 @@ def test_a_long_stream_keeps_one_transactional_id_and_marker_group_per_partition
     ids = transactional_ids(kafka.bootstrap_servers, prefix) - {f"{prefix}preflight"}  # the driver's one probe
     groups = consumer_groups(kafka.bootstrap_servers, prefix)
     assert 1 <= len(ids) <= 4 and 1 <= len(groups) <= 4, (sorted(ids), sorted(groups))
+
+
+def test_the_cli_lists_and_aborts_a_transaction_a_dead_job_left_open(kafka, new_topic):
+    """A producer dies inside its transaction: read_committed readers of its partition are held back until the
+    brokers' timeout. ``recoverable-kafka-wal transactions`` lists it as Ongoing and ``--abort`` releases them."""
+    import subprocess
+    import sys
+
+    from testing.kafka_check import read_topic
+
+    topic, prefix = new_topic(1), f"linger-{new_topic(1)}-"
+    dead = (f"import os; from confluent_kafka import Producer; p = Producer({{'bootstrap.servers': "
+            f"'{kafka.bootstrap_servers}', 'transactional.id': '{prefix}0', 'transaction.timeout.ms': 600000}}); "
+            f"p.init_transactions(30); p.begin_transaction(); p.produce('{topic}', b'never committed'); "
+            "p.flush(30); os._exit(0)")
+    subprocess.run([sys.executable, "-c", dead], check=True, timeout=120)
+    from confluent_kafka import Producer
+
+    later = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    later.produce(topic, b"committed later")
+    assert later.flush(30) == 0
+    assert read_topic(kafka.bootstrap_servers, topic, 5) == []  # held back behind the open transaction
+
+    def cli(*extra):
+        out = subprocess.run([sys.executable, "-m", "recoverable_sink.cli", "transactions", "--prefix", prefix,
+                              "--bootstrap-servers", kafka.bootstrap_servers, "--json", *extra],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    listed = cli()["transactions"]
+    assert [(t["transactional_id"], t["state"]) for t in listed] == [(f"{prefix}0", "Ongoing")]
+    assert cli("--abort")["aborted"] == [f"{prefix}0"]
+    assert [r["value"] for r in read_topic(kafka.bootstrap_servers, topic, 30, expected=1)] == [b"committed later"]
+    assert [t["state"] for t in cli()["transactions"]] in (["Empty"], ["CompleteAbort"])  # no longer open

@@ -1,0 +1,114 @@
+"""Lingering transactions (operator tool, used by the CLI): the exactly_once transactions a job left open when it
+died, found by their ``transactional.id.prefix``, and aborted.
+
+An open transaction holds back every ``read_committed`` reader of the partitions it wrote to (the last stable
+offset stops at its first record) until the brokers abort it after ``transaction.timeout.ms``, or a producer
+with the same transactional id starts. The sink's retries do the latter by themselves; a job that is not
+re-run leaves the wait. librdkafka has no ListTransactions call, so the coordinators' own log,
+``__transaction_state``, is read instead (the principal needs DESCRIBE and READ on that internal topic); aborting
+is what a retry does: ``init_transactions`` with the same id, which fences the old producer and aborts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+
+from recoverable_sink._logging import get_logger
+from recoverable_sink.errors import RecoverableSinkError
+
+log = get_logger("lingering")
+
+TRANSACTION_LOG = "__transaction_state"
+# The coordinator's transaction states, as stored in its log (TransactionLogValue's status byte).
+STATES = {0: "Empty", 1: "Ongoing", 2: "PrepareCommit", 3: "PrepareAbort", 4: "CompleteCommit",
+          5: "CompleteAbort", 6: "Dead", 7: "PrepareEpochFence"}
+OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
+
+
+@dataclass(frozen=True)
+class TransactionStatus:
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+
+    @property
+    def open(self) -> bool:
+        return self.state in OPEN_STATES
+
+
+def parse_key(key: bytes) -> str | None:
+    """The transactional id of a ``__transaction_state`` key (version int16, then an int16-length string)."""
+    if len(key) < 4:
+        return None
+    length = int.from_bytes(key[2:4], "big", signed=True)
+    return key[4:4 + length].decode("utf-8", "replace") if length >= 0 else None
+
+
+def parse_value(tid: str, value: bytes) -> TransactionStatus:
+    """The fixed-width head of a TransactionLogValue, the same in its versions 0 and 1: version int16,
+    producer id int64, producer epoch int16, timeout int32, status int8.
+
+    >>> parse_value("t", bytes.fromhex("0001" "0000000000000007" "0002" "0000ea60" "01") + b"...")
+    TransactionStatus(transactional_id='t', state='Ongoing', producer_id=7, producer_epoch=2, timeout_ms=60000)
+    """
+    if len(value) < 17:
+        raise ValueError(f"{TRANSACTION_LOG} record of {tid} is too short ({len(value)} bytes)")
+    return TransactionStatus(tid, STATES.get(value[16], f"unknown({value[16]})"),
+                             int.from_bytes(value[2:10], "big", signed=True),
+                             int.from_bytes(value[10:12], "big", signed=True),
+                             int.from_bytes(value[12:16], "big", signed=True))
+
+
+def transactions(client: dict[str, str], prefix: str, timeout_s: float = 30) -> list[TransactionStatus]:
+    """The newest state of every transactional id starting with ``prefix`` (expired ids left out)."""
+    consumer = Consumer({**client, "group.id": f"recoverable-kafka-wal-{time.time_ns()}",
+                         "enable.auto.commit": "false", "isolation.level": "read_uncommitted",
+                         "enable.partition.eof": "false"})
+    try:
+        meta = consumer.list_topics(TRANSACTION_LOG, timeout=timeout_s).topics.get(TRANSACTION_LOG)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return []  # no transactional producer has run on this cluster (or the topic is not visible)
+        ends = {}
+        for p in meta.partitions:
+            _, high = consumer.get_watermark_offsets(TopicPartition(TRANSACTION_LOG, p), timeout=timeout_s)
+            ends[p] = high
+        consumer.assign([TopicPartition(TRANSACTION_LOG, p, OFFSET_BEGINNING) for p, end in ends.items() if end])
+        pending = {p for p, end in ends.items() if end}
+        latest: dict[str, TransactionStatus | None] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise RecoverableSinkError(f"{TRANSACTION_LOG} was not read to its end within {timeout_s:.0f} s")
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                raise RecoverableSinkError(f"reading {TRANSACTION_LOG}: {msg.error()} (the principal needs "
+                                           "DESCRIBE and READ on it)")
+            tid = parse_key(msg.key() or b"")
+            if tid is not None and tid.startswith(prefix):
+                value = msg.value()
+                latest[tid] = parse_value(tid, value) if value is not None else None  # None: expired
+            if msg.offset() + 1 >= ends[msg.partition()]:
+                pending.discard(msg.partition())
+        return sorted((s for s in latest.values() if s is not None), key=lambda s: s.transactional_id)
+    except KafkaException as exc:
+        raise RecoverableSinkError(f"reading {TRANSACTION_LOG}: {exc}") from None
+    finally:
+        consumer.close()
+
+
+def abort(client: dict[str, str], transactional_id: str, timeout_s: float = 60) -> None:
+    """Abort the open transaction of ``transactional_id`` (and fence its producer, should it still run)."""
+    producer = Producer({**client, "transactional.id": transactional_id})
+    try:
+        producer.init_transactions(timeout_s)
+    except KafkaException as exc:
+        raise RecoverableSinkError(f"aborting the transaction of {transactional_id}: {exc}") from None
+    finally:
+        producer.flush(0)
