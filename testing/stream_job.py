@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pyspark.sql import DataFrame
+
 from testing.spark import local_spark, sink_stream_writer
 
 
@@ -29,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-per-trigger", type=int, default=0, help="files or offsets per micro-batch")
     p.add_argument("--output-mode", default="append")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="extra sink option")
+    p.add_argument("--repartition", type=int, default=0, help="files source: partitions of every micro-batch")
+    p.add_argument("--fail-at-id", type=int, default=None,
+                   help="files source: the JVM fails every attempt of the task holding this id, upstream of the sink")
+    p.add_argument("--flaky-at-id", type=int, default=None,
+                   help="files source: a Python UDF upstream of the sink fails the first attempt holding this id")
     args = p.parse_args(argv)
 
     spark = local_spark("recoverable-kafka-stream-job", args.master, **{"spark.sql.shuffle.partitions": "2"})
@@ -37,7 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         reader = spark.readStream.schema("id LONG, payload STRING")
         if args.max_per_trigger:
             reader = reader.option("maxFilesPerTrigger", args.max_per_trigger)
-        df = reader.json(args.input).selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value")
+        df = reader.json(args.input)
+        if args.repartition:
+            df = df.repartition(args.repartition)
+        df = upstream_faults(df, args.fail_at_id, args.flaky_at_id) \
+            .selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value")
     elif args.source == "kafka":
         reader = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
                   .option("subscribe", args.source_topic).option("startingOffsets", "earliest"))
@@ -58,6 +69,27 @@ def main(argv: list[str] | None = None) -> int:
     query.awaitTermination()
     spark.stop()
     return 0
+
+
+def upstream_faults(df: DataFrame, fail_at: int | None, flaky_at: int | None) -> DataFrame:
+    """Failures on the JVM side of the sink's stage: ``raise_error`` in every attempt of the task holding
+    ``fail_at``; a Python UDF (its own worker, outside the sink's) failing the first attempt holding ``flaky_at``."""
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    if fail_at is not None:
+        df = df.withColumn("payload", F.when(F.col("id") == fail_at, F.raise_error(F.lit(f"upstream failure at id "
+                                                                                           f"{fail_at}")))
+                           .otherwise(F.col("payload")))
+    if flaky_at is not None:
+        def flaky(row_id: int, payload: str) -> str:
+            ctx = TaskContext.get()
+            if row_id == flaky_at and ctx is not None and ctx.attemptNumber() == 0:
+                raise RuntimeError(f"transient upstream failure at id {flaky_at}")
+            return payload
+
+        df = df.withColumn("payload", F.udf(flaky, "string")("id", "payload"))
+    return df
 
 
 if __name__ == "__main__":

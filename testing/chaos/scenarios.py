@@ -25,6 +25,12 @@ from recoverable_sink import wal as wal_module
 from recoverable_sink.identity import record_digests
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import Lab, Trial, ancestor_with, kill_group, last_summary, python_subprocess
+from testing.chaos.upstream import (
+    long_stream_broker_state,
+    stream_upstream_failures,
+    transient_upstream_failure,
+    upstream_failure,
+)
 from testing.kafka_check import count_topic
 from testing.kafka_local import REPO, KafkaCluster
 from testing.spark import sink_writer
@@ -882,4 +888,10 @@ SCENARIOS: list[Scenario] = [
              executor_kill_wal_lost, False),
     Scenario("16", "16. spark.speculation: a stalled task and its copy on another host (standalone cluster)",
              speculation, False),
+    Scenario("17", "17. A task failing upstream of the sink in every attempt, then a re-run", upstream_failure, True),
+    Scenario("18", "18. Every task's first attempt failing upstream of the sink", transient_upstream_failure, True),
+    Scenario("19", "19. A stream failing upstream of the sink, restarted with a transient failure",
+             stream_upstream_failures, True),
+    Scenario("20", "20. exactly_once stream of 200 micro-batches: transactional ids and marker groups",
+             long_stream_broker_state, True, (EO,)),
 ]
