@@ -135,7 +135,7 @@ class AttemptInfo:
 
 class SweepResult(NamedTuple):
     removed: int  # attempts that held only proof of delivery
-    kept_unacknowledged: int  # old attempts kept because they hold records Kafka never acknowledged
+    kept: int  # old attempts kept: not finished, or holding records Kafka never acknowledged
 
 
 @dataclass(frozen=True)
@@ -265,11 +265,15 @@ class Wal:
         self._write(body)
         self._forget_compacted(attempt_key, acks or {})
 
-    def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: str) -> None:
+    def _require_attempt(self, txn: lmdb.Transaction, attempt_key: str) -> bytes:
         raw = txn.get(b"m/" + attempt_key.encode())
         if raw is None:
-            raise WalError(f"WAL {self.path}: attempt {attempt_key} vanished (purged by hand while running?)")
-        meta = json.loads(raw)
+            raise WalError(f"WAL {self.path}: attempt {attempt_key} is no longer in the log (purged while it ran?); "
+                           "this attempt stops before sending anything more, and its retry starts afresh")
+        return raw
+
+    def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: str) -> None:
+        meta = json.loads(self._require_attempt(txn, attempt_key))
         meta["state"] = state
         txn.put(b"m/" + attempt_key.encode(), json.dumps(meta).encode())
 
@@ -287,6 +291,7 @@ class Wal:
         _check_room(self.path, value.size)
 
         def body(txn: lmdb.Transaction) -> None:
+            self._require_attempt(txn, attempt_key)  # nothing of an attempt that is gone may enter the log
             self._put_acks(txn, attempt_key, acks)  # may free bytes: fully acknowledged segments drop payload
             used = int(txn.get(_USAGE_KEY) or b"0")
             if used + payload_len > max_bytes:
@@ -309,7 +314,11 @@ class Wal:
     def save_acks(self, attempt_key: str, acks: dict[int, bytearray]) -> None:
         """Durably store acknowledgement bitmaps (segment first position -> bitmap)."""
         if acks:
-            self._write(lambda txn: self._put_acks(txn, attempt_key, acks))
+            def body(txn: lmdb.Transaction) -> None:
+                self._require_attempt(txn, attempt_key)
+                self._put_acks(txn, attempt_key, acks)
+
+            self._write(body)
             self._forget_compacted(attempt_key, acks)
 
     def _put_acks(self, txn: lmdb.Transaction, attempt_key: str, acks: dict[int, bytearray]) -> None:
@@ -406,9 +415,11 @@ class Wal:
         return freed
 
     def sweep(self, retention_s: float, now: float | None = None) -> SweepResult:
-        """Remove attempts older than ``retention_s`` that hold no unacknowledged record (proof of delivery
-        only). Attempts still holding records Kafka never acknowledged are never removed automatically: they
-        are counted and logged."""
+        """Remove ``done`` attempts older than ``retention_s`` that hold no unacknowledged record (proof of
+        delivery only). An attempt that is not ``done`` may still be running (a task can wait longer than the
+        retention for its first batch) or be what a retry or re-run of an unfinished write needs: it is never
+        removed automatically, nor is one holding records Kafka never acknowledged; those are counted and
+        logged."""
         now = time.time() if now is None else now
         old = [a for a in self.attempts() if now - a.created > retention_s]
         if not old:
@@ -416,18 +427,20 @@ class Wal:
         removable, kept = [], []
         with self._read() as txn:
             for a in old:
-                holds = any(not (_SEG_HEADER.unpack_from(v)[5] & _ALL_ACKED)
-                            for _, _, v in self._segment_entries(txn, a.key))
+                holds = a.state != DONE or any(not (_SEG_HEADER.unpack_from(v)[5] & _ALL_ACKED)
+                                               for _, _, v in self._segment_entries(txn, a.key))
                 (kept if holds else removable).append(a)
         self.purge([a.key for a in removable])
         if removable:
-            log.info("WAL %s: removed %d attempt log(s) older than wal.retentionHours=%g that held only proof of "
-                     "delivery", self.path, len(removable), retention_s / 3600)
+            log.info("WAL %s: removed %d finished attempt log(s) older than wal.retentionHours=%g that held only "
+                     "proof of delivery", self.path, len(removable), retention_s / 3600)
         if kept:
-            log.warning("WAL %s: %d attempt log(s) older than wal.retentionHours=%g still hold records Kafka never "
-                        "acknowledged (writes %s); they are kept: finish them with `recoverable-kafka-wal replay` "
-                        "or purge them", self.path, len(kept), retention_s / 3600, sorted({a.write_id for a in kept}))
-        return SweepResult(removed=len(removable), kept_unacknowledged=len(kept))
+            log.warning("WAL %s: %d attempt log(s) older than wal.retentionHours=%g are kept because they are not "
+                        "finished (still running, or of a write that failed) or hold records Kafka never "
+                        "acknowledged (writes %s): finish a failed write by re-running it with its wal.writeId or "
+                        "with `recoverable-kafka-wal replay`, or purge it", self.path, len(kept), retention_s / 3600,
+                        sorted({a.write_id for a in kept}))
+        return SweepResult(removed=len(removable), kept=len(kept))
 
     def used_bytes(self) -> int:
         with self._read() as txn:

@@ -216,7 +216,8 @@ def test_a_segment_purged_before_its_compaction_is_not_brought_back(wal_dir):
     key = wal.begin_attempt("w1", 0, 0, {})
     append(wal, key, 0, batch([b"a", b"b"]))
     open_wal(wal_dir).purge([key])  # by hand, from another handle, while the attempt still runs
-    wal.save_acks(key, {0: bytearray(b"\x01\x01")})
+    with pytest.raises(WalError, match="no longer in the log"):
+        wal.save_acks(key, {0: bytearray(b"\x01\x01")})
     assert wal.stats().orphaned_entries == 0 and wal.used_bytes() == 0
 
 
@@ -256,16 +257,32 @@ def test_a_committed_attempt_counts_every_logged_record_as_delivered(wal_dir):
     assert wal.delivered([attempt], all_acknowledged=True).take([digests[16:], digests[:16]]).skip == [True, True]
 
 
-def test_sweep_removes_old_proof_but_never_unacknowledged_records(wal_dir):
+def test_sweep_removes_old_proof_of_finished_attempts_only(wal_dir):
     wal = open_wal(wal_dir)
     proof = wal.begin_attempt("done", 0, 0, {})
     append(wal, proof, 0, batch([b"a"]))
     wal.save_acks(proof, {0: bytearray(b"\x01")})
+    wal.finish(proof, [])
     pending = wal.begin_attempt("failed", 0, 0, {})
     append(wal, pending, 0, batch([b"b"]))
+    # Older than the retention, everything acknowledged, still open: a task that waited long for its first batch.
+    running = wal.begin_attempt("running", 0, 0, {})
+    append(wal, running, 0, batch([b"c"]))
+    wal.save_acks(running, {0: bytearray(b"\x01")})
     removed, kept = wal.sweep(retention_s=3600, now=time.time() + 7200)
-    assert (removed, kept) == (1, 1)
-    assert [a.write_id for a in wal.attempts()] == ["failed"]
+    assert (removed, kept) == (1, 2)
+    assert sorted(a.write_id for a in wal.attempts()) == ["failed", "running"]
+    append(wal, running, 1, batch([b"d"]))  # it goes on writing
+
+
+def test_a_write_to_an_attempt_no_longer_in_the_log_fails_at_once(wal_dir):
+    wal = open_wal(wal_dir)
+    key = wal.begin_attempt("w1", 0, 0, {})
+    append(wal, key, 0, batch([b"a"]))
+    wal.purge([key])
+    with pytest.raises(WalError, match="no longer in the log"):
+        append(wal, key, 1, batch([b"b"]))
+    assert wal.stats().orphaned_entries == 0
 
 
 def test_stats_counts_orphaned_entries(wal_dir):
