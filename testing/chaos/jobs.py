@@ -13,6 +13,24 @@ import sys
 from testing.spark import local_spark, sink_writer
 
 
+def _delayed(delays: dict[int, float], per_partition: int) -> object:
+    """A UDF passing values through, sleeping before the first row of each partition in ``delays``."""
+    import time
+
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    first_rows = {p * per_partition for p in delays}
+
+    def delay(value: str) -> str:
+        ctx = TaskContext.get()
+        if ctx is not None and ctx.attemptNumber() == 0 and int(value.split("-")[1]) in first_rows:
+            time.sleep(delays.get(ctx.partitionId(), 0))
+        return value
+
+    return F.udf(delay, "string")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--master", default="local[2,4]")
@@ -27,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting")
     p.add_argument("--shuffle", type=int, default=0,
                    help="repartition(N, id %% 97) before the sink: a retried task reads its rows in another order")
+    p.add_argument("--delay", action="append", default=[], metavar="PARTITION=SECONDS",
+                   help="an upstream Python UDF holds back the partition's first row that long (first attempt)")
     args = p.parse_args(argv)
 
     spark = local_spark("recoverable-kafka-chaos-job", args.master, **{
@@ -38,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     df = spark.range(args.rows, numPartitions=args.partitions).select(
         F.concat(F.lit(f"{args.prefix}-"), F.col("id").cast("string")).alias("key"),
         F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("value"))
+    if args.delay:
+        df = df.withColumn("value", _delayed({int(k): float(v) for k, v in (d.split("=") for d in args.delay)},
+                                             args.rows // args.partitions)("value"))
     if args.shuffle:
         df = df.repartition(args.shuffle, (F.split("key", "-").getItem(1).cast("long") % 97))
     options = dict(item.split("=", 1) for item in args.option)

@@ -25,6 +25,7 @@ from recoverable_sink import wal as wal_module
 from recoverable_sink.identity import record_digests
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import Lab, Trial, ancestor_with, kill_group, last_summary, python_subprocess
+from testing.chaos.retention import sweep_while_running
 from testing.chaos.upstream import (
     long_stream_broker_state,
     stream_upstream_failures,
@@ -894,4 +895,6 @@ SCENARIOS: list[Scenario] = [
              stream_upstream_failures, True),
     Scenario("20", "20. exactly_once stream of 200 micro-batches: transactional ids and marker groups",
              long_stream_broker_state, True, (EO,)),
+    Scenario("21", "21. wal.retentionHours of 2 s, swept while a task waits for its input", sweep_while_running,
+             True),
 ]
