@@ -296,9 +296,17 @@ def _guarantee(value: str, conf: dict[str, str]) -> str:
                           "isolation.level=read_committed)")
     if guarantee == EXACTLY_ONCE:
         conf.setdefault("transaction.timeout.ms", str(DEFAULT_TRANSACTION_TIMEOUT_MS))
-        if "delivery.timeout.ms" not in conf and "message.timeout.ms" not in conf:
-            # librdkafka would raise an unset delivery timeout to the transaction timeout: keep its usual 5 min
-            conf["delivery.timeout.ms"] = "300000"
+        txn_ms = int(parse_number("kafka.transaction.timeout.ms", conf["transaction.timeout.ms"]))
+        given = conf.get("delivery.timeout.ms", conf.get("message.timeout.ms"))
+        if given is None:
+            # librdkafka would raise an unset delivery timeout to the transaction timeout, and refuses one above it:
+            # its usual 5 min, or the transaction timeout where that is shorter.
+            conf["delivery.timeout.ms"] = str(min(300_000, txn_ms))
+        elif int(parse_number("kafka.delivery.timeout.ms", given)) > txn_ms:
+            raise OptionError(
+                f"option kafka.delivery.timeout.ms={given} exceeds kafka.transaction.timeout.ms={txn_ms}: under "
+                "exactly_once a record must be delivered within its transaction (librdkafka refuses the pair); "
+                f"lower kafka.delivery.timeout.ms to at most {txn_ms}, or raise kafka.transaction.timeout.ms")
     elif "transaction.timeout.ms" in conf:
         raise OptionError("option kafka.transaction.timeout.ms applies only with delivery.guarantee=exactly_once; "
                           "set that too, or remove it")

@@ -293,10 +293,20 @@ def check_transactions(options: SinkOptions) -> None:
             raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
     finally:
         _close_quietly(producer, options)
-    try:
-        admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(probe)],
-                                          request_timeout=timeout_s)[probe].result()
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
-            problem = transaction_problem(exc.args[0], "reading the commit marker group", probe)
+    # A coordinator that is still loading (COORDINATOR_LOAD_IN_PROGRESS on a freshly started broker) or moving
+    # answers with a retriable error: asked again, as the tasks' marker reads do, within preflight.timeoutMs.
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(probe)],
+                                              request_timeout=timeout_s)[probe].result()
+            return
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return
+            if err.retriable() and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            problem = transaction_problem(err, "reading the commit marker group", probe)
             raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None

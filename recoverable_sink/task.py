@@ -312,7 +312,9 @@ class PartitionWriter:
     def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
         hint = ""
         if self.txn is not None and isinstance(exc, FatalProducerError):
-            hint = ("; under exactly_once this most often means another attempt of this partition (a retry or "
+            timed_out = self.txn.timed_out()
+            hint = (f"; {timed_out.strip()}" if timed_out else
+                    "; under exactly_once this most often means another attempt of this partition (a retry or "
                     "a speculative copy) fenced this one: its transaction is aborted and the other attempt's "
                     "data is the one that counts")
         return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}{hint}")

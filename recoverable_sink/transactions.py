@@ -107,11 +107,26 @@ class PartitionTransaction:
         self.producer: SinkProducer | None = None
         self.in_transaction = False
         self.marker: dict | None = None  # the committed marker open() found, if any
+        self.began: float | None = None  # monotonic time the open transaction began
 
     def _fail(self, exc: KafkaException, what: str) -> DeliveryError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         text = transaction_problem(err, what, self.txn_id) if err is not None else f"{what} failed: {exc}"
-        return DeliveryError(f"{self.where}: {self.options.scrub(text)}")
+        timed_out = self.timed_out()
+        return DeliveryError(f"{self.where}: {timed_out or ''}{self.options.scrub(text)}")
+
+    def timed_out(self) -> str | None:
+        """A sentence naming the transaction timeout, when the open transaction has outlived it: the brokers
+        then abort it and bump the producer's epoch, which the producer reports as being fenced."""
+        if self.began is None:
+            return None
+        limit_ms = int(self.options.producer_config()["transaction.timeout.ms"])
+        open_s = time.monotonic() - self.began
+        if open_s * 1000 < limit_ms:
+            return None
+        return (f"the transaction was open {open_s:.0f} s, longer than kafka.transaction.timeout.ms={limit_ms}, so "
+                "the brokers aborted it on timeout; raise kafka.transaction.timeout.ms (up to the brokers' "
+                "transaction.max.timeout.ms) or write smaller partitions (more of them). ")
 
     def open(self, topic: str | None) -> bool:
         """Fence earlier attempts; True if the partition's transaction was already committed (send nothing).
@@ -161,6 +176,7 @@ class PartitionTransaction:
         except KafkaException as exc:
             raise self._fail(exc, "begin_transaction") from None
         self.in_transaction = True
+        self.began = time.monotonic()
 
     @property
     def committed_records(self) -> int:

@@ -13,19 +13,19 @@ import sys
 from testing.spark import local_spark, sink_writer
 
 
-def _delayed(delays: dict[int, float], per_partition: int) -> object:
-    """A UDF passing values through, sleeping before the first row of each partition in ``delays``."""
+def _delayed(delays: dict[int, tuple[float, int]], per_partition: int) -> object:
+    """A UDF passing values through, sleeping before a row of each partition in ``delays`` (seconds, row)."""
     import time
 
     from pyspark import TaskContext
     from pyspark.sql import functions as F
 
-    first_rows = {p * per_partition for p in delays}
+    at_rows = {p * per_partition + row: seconds for p, (seconds, row) in delays.items()}
 
     def delay(value: str) -> str:
         ctx = TaskContext.get()
-        if ctx is not None and ctx.attemptNumber() == 0 and int(value.split("-")[1]) in first_rows:
-            time.sleep(delays.get(ctx.partitionId(), 0))
+        if ctx is not None and ctx.attemptNumber() == 0:
+            time.sleep(at_rows.get(int(value.split("-")[1]), 0))
         return value
 
     return F.udf(delay, "string")
@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting")
     p.add_argument("--shuffle", type=int, default=0,
                    help="repartition(N, id %% 97) before the sink: a retried task reads its rows in another order")
-    p.add_argument("--delay", action="append", default=[], metavar="PARTITION=SECONDS",
-                   help="an upstream Python UDF holds back the partition's first row that long (first attempt)")
+    p.add_argument("--delay", action="append", default=[], metavar="PARTITION=SECONDS[@ROW]",
+                   help="an upstream Python UDF holds back the partition's first row (or its ROW-th) that long, in "
+                        "its first attempt")
     args = p.parse_args(argv)
 
     spark = local_spark("recoverable-kafka-chaos-job", args.master, **{
@@ -59,8 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         F.concat(F.lit(f"{args.prefix}-"), F.col("id").cast("string")).alias("key"),
         F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("value"))
     if args.delay:
-        df = df.withColumn("value", _delayed({int(k): float(v) for k, v in (d.split("=") for d in args.delay)},
-                                             args.rows // args.partitions)("value"))
+        delays = {}
+        for item in args.delay:
+            partition, _, rest = item.partition("=")
+            seconds, _, row = rest.partition("@")
+            delays[int(partition)] = (float(seconds), int(row or 0))
+        df = df.withColumn("value", _delayed(delays, args.rows // args.partitions)("value"))
     if args.shuffle:
         df = df.repartition(args.shuffle, (F.split("key", "-").getItem(1).cast("long") % 97))
     options = dict(item.split("=", 1) for item in args.option)

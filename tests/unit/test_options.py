@@ -131,3 +131,13 @@ def test_admin_and_consumer_clients_get_connection_settings_only():
     conf = client_config(options)
     assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.username"] == "u"
     assert "linger.ms" not in conf and "acks" not in conf and "partitioner" not in conf
+
+
+def test_exactly_once_fits_the_delivery_timeout_to_a_shorter_transaction_timeout_or_refuses_the_pair():
+    base = {"kafka.bootstrap.servers": "b:9092", "delivery.guarantee": "exactly_once"}
+    fitted = parse_options({**base, "kafka.transaction.timeout.ms": "60000"}).producer_config()
+    assert (fitted["transaction.timeout.ms"], fitted["delivery.timeout.ms"]) == ("60000", "60000")
+    assert parse_options(base).producer_config()["delivery.timeout.ms"] == "300000"
+    with pytest.raises(OptionError, match=r"kafka\.delivery\.timeout\.ms=120000 exceeds "
+                                          r"kafka\.transaction\.timeout\.ms=60000.*at most 60000"):
+        parse_options({**base, "kafka.transaction.timeout.ms": "60000", "kafka.delivery.timeout.ms": "120000"})
