@@ -15,7 +15,8 @@ per record shape (100 B and 1 KB values on 1- and 4-partition topics; 10 KB valu
 headers, on a 4-partition topic; every record keyed), interleaved A B C D A B C D ... so that drift (page
 cache, JIT, broker log segments) hits every case alike; the median of the write call's wall time counts.
 Every run writes to a fresh topic whose record count is checked, then deleted. Then the cost of a retry, and
-the Python worker's peak memory writing one partition of 1x and 4x the usual partition size.
+the Python worker's peak memory writing one partition of 1x and 4x the usual partition size, and the fixed cost of
+a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch).
 
     make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3 BENCH_JVM_WARMUP_WRITES=2
     BENCH_ROWS=200000 BENCH_REPS=1 .venv/bin/python -m bench.run
@@ -426,6 +427,11 @@ def main() -> int:
                 retry = retry_cost(b, df)
             df.unpersist(blocking=True)  # the next shape's cache needs the storage memory
         memory = memory_by_partition_size(b) if not ONLY else []
+        fixed: dict[str, Any] = {}
+        if not ONLY:
+            from bench.fixed_cost import measure
+
+            fixed = measure(cluster.bootstrap_servers, lambda: b.fresh_topic("fixed", 2))
         for e in results:
             b.errors.extend(e["errors"])
         report = {
@@ -436,7 +442,7 @@ def main() -> int:
                     "wal_on_vs_raw_client_per_core = (wal_on rows/s / 2) / (raw_client rows/s / 1). "
                     "Seconds are the write call's wall time (Spark job planning and scheduling included).",
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
-            "memory_by_partition_size": memory,
+            "memory_by_partition_size": memory, "fixed_cost": fixed,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
             "wall_minutes": round((time.monotonic() - started) / 60, 1),
         }
