@@ -186,40 +186,69 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
     return counts
 
 
+def _client_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap-servers", default=None,
+                   help="the brokers (or bootstrap.servers in --kafka-config or the environment)")
+    p.add_argument("--kafka-config", default=None, metavar="FILE",
+                   help="client settings as a properties file (name=value lines); the place for secrets")
+    p.add_argument("--kafka", action="append", default=[], metavar="NAME=VALUE",
+                   help="a client setting, as the kafka.NAME option of the write (repeatable; visible in ps, so "
+                        "not for secrets)")
+
+
+_EXIT_CODES = "Exit status: 0 done, 1 an error or a refusal (named on stderr), 2 a usage error."
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recoverable-kafka-wal", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("list", "replay", "purge", "stats"):
-        p = sub.add_parser(name)
-        p.add_argument("--path", required=True, help="the wal.path of the write")
-        p.add_argument("--write-id", required=name in ("replay", "purge"),
-                       help="the write id the abort log line names")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        own = version("recoverable-sink")
+    except PackageNotFoundError:  # run from sources (--py-files)
+        own = "unknown (not installed)"
+    parser = argparse.ArgumentParser(prog="recoverable-kafka-wal", description=__doc__.split("\n\n")[0],
+                                     epilog=_EXIT_CODES)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {own}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = {
+        "list": ("what a WAL holds: per write, or per attempt of one write",
+                 "Per write: attempts, partitions, states, records, records Kafka never acknowledged, bytes, age. "
+                 "With --write-id, one row per attempt of that write."),
+        "stats": ("what the WAL holds in all: payload bytes, attempts, orphaned entries",
+                  "Recounts the WAL by scanning it: payload bytes (against its usage counter), attempts, and "
+                  "orphaned entries (never replayed; safe to purge)."),
+        "replay": ("send what Kafka never acknowledged of a failed at_least_once write, without Spark",
+                   "For each partition of the write whose whole input reached this WAL, send the records no "
+                   "attempt got acknowledged, then mark the partition done (a later re-run with the same "
+                   "wal.writeId sends nothing twice). Refused, each named with the reason: a partition only partly "
+                   "logged here (its input was cut short, or the WAL filled up: re-run the write with its "
+                   "wal.writeId), a write id this WAL does not hold, partitions missing here with --partitions, and "
+                   "exactly_once writes (a replay outside the partition's transaction could repeat records: re-run "
+                   "the write). " + _EXIT_CODES),
+        "purge": ("delete a write's attempts from the WAL",
+                  "Deletes every attempt of the write, with the records it still holds. " + _EXIT_CODES),
+    }
+    for name, (summary, description) in commands.items():
+        p = sub.add_parser(name, help=summary, description=description)
+        p.add_argument("--path", required=True, help="the WAL directory (the write's wal.path); it must exist")
+        if name != "stats":
+            p.add_argument("--write-id", required=name in ("replay", "purge"),
+                           help="the write id the abort log line names")
         p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         if name == "replay":
-            p.add_argument("--bootstrap-servers", default=None,
-                           help="the brokers (or bootstrap.servers in --kafka-config or the environment)")
-            p.add_argument("--kafka-config", default=None, metavar="FILE",
-                           help="producer settings as a properties file (name=value lines); the place for secrets")
-            p.add_argument("--kafka", action="append", default=[], metavar="NAME=VALUE",
-                           help="a producer setting, as the kafka.NAME option of the write (repeatable; visible in "
-                                "ps, so not for secrets)")
+            _client_arguments(p)
             p.add_argument("--partitions", type=int, default=None,
                            help="the write's partition count: also refuse when a partition is missing here")
     p = sub.add_parser("transactions", help="list (and --abort) the open exactly_once transactions of a prefix",
                        description="List the transactional ids of a transactional.id.prefix that the brokers "
                                    "keep, with their state, read from __transaction_state (the principal needs "
                                    "DESCRIBE and READ on it). With --abort, abort the open ones: each is fenced "
-                                   "and rolled back as a retry of its partition would. Exit 0, or 1 on an error.")
+                                   "and rolled back as a retry of its partition would. " + _EXIT_CODES)
     p.add_argument("--prefix", required=True, help="the write's transactional.id.prefix (default of the sink: "
                                                    "recoverable-kafka-)")
     p.add_argument("--abort", action="store_true", help="abort every open transaction listed")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    p.add_argument("--bootstrap-servers", default=None,
-                   help="the brokers (or bootstrap.servers in --kafka-config or the environment)")
-    p.add_argument("--kafka-config", default=None, metavar="FILE",
-                   help="client settings as a properties file (name=value lines); the place for secrets")
-    p.add_argument("--kafka", action="append", default=[], metavar="NAME=VALUE",
-                   help="a client setting (repeatable; visible in ps, so not for secrets)")
+    _client_arguments(p)
     return parser
 
 
@@ -233,9 +262,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.error("%s", exc)
             return 1
     try:
+        if not os.path.isfile(os.path.join(args.path, "data.mdb")):
+            raise RecoverableSinkError(f"--path {args.path} holds no WAL (no data.mdb there): give the write's "
+                                       "wal.path on the host that ran it")
         wal = open_wal(args.path)
         if args.command == "list":
             rows = describe(wal, args.write_id)
+            if args.write_id and not rows:
+                raise RecoverableSinkError(f"write {args.write_id} is not in {wal.path}")
             writes = totals_by_write(rows)
             if args.json:
                 json.dump({"writes": writes, "attempts": rows}, sys.stdout, indent=1)
@@ -254,8 +288,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write("\n")
             return 0
         attempts = wal.attempts(f"{args.write_id}/")
+        if not attempts:
+            raise RecoverableSinkError(f"write {args.write_id} is not in {wal.path} (`recoverable-kafka-wal list "
+                                       f"--path {args.path}` shows the writes it holds)")
         if args.command == "purge":
             freed = wal.purge([a.key for a in attempts])
+            if args.json:
+                sys.stdout.write(json.dumps({"write_id": args.write_id, "attempts": len(attempts),
+                                             "payload_bytes": freed}) + "\n")
             log.info("purged %d attempt(s) of write %s (%d payload bytes)", len(attempts), args.write_id, freed)
             return 0
         return _replay(wal, args, attempts)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pyarrow as pa
+import pytest
 
 from recoverable_sink.cli import Progress, _parser, main, producer_settings
 from recoverable_sink.contract import SinkCommitMessage
@@ -58,8 +59,9 @@ def test_replay_takes_producer_settings_from_a_file_and_the_environment_and_warn
 
 
 def test_replay_without_brokers_anywhere_says_where_to_give_them(tmp_path, caplog):
+    _two_writes(str(tmp_path / "wal"))
     with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
-        assert main(["replay", "--path", str(tmp_path / "wal"), "--write-id", "w"]) == 1
+        assert main(["replay", "--path", str(tmp_path / "wal"), "--write-id", "w-one"]) == 1
     assert "--bootstrap-servers, bootstrap.servers in --kafka-config, or RECOVERABLE_KAFKA_PRODUCER_BOOTSTRAP_SERVERS" \
         in caplog.text
 
@@ -108,3 +110,40 @@ def test_replay_progress_is_a_bar_on_a_terminal_and_lines_otherwise(caplog):
     assert plain.getvalue() == ""
     assert [r.getMessage() for r in caplog.records] == ["partition 3: 50 of 100 records (50%)",
                                                         "partition 3: 100 of 100 records (100%)"]
+
+
+def test_a_path_without_a_wal_is_refused_and_not_created(tmp_path, caplog):
+    missing = tmp_path / "typo"
+    with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
+        assert main(["list", "--path", str(missing)]) == 1
+    assert "holds no WAL" in caplog.text and not missing.exists()
+
+
+@pytest.mark.parametrize("command", [["purge"], ["replay", "--bootstrap-servers", "b:9092"], ["list"]])
+def test_an_unknown_write_id_exits_non_zero(tmp_path, caplog, command):
+    _two_writes(str(tmp_path / "wal"))
+    with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
+        assert main([command[0], "--path", str(tmp_path / "wal"), "--write-id", "nope", *command[1:]]) == 1
+    assert "write nope is not in" in caplog.text
+    assert len(open_wal(str(tmp_path / "wal")).attempts()) == 3  # nothing purged or changed
+
+
+def test_flags_that_do_not_apply_are_refused_and_every_command_has_help(tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["stats", "--path", str(tmp_path), "--write-id", "w"])
+    assert refused.value.code == 2
+    for command in ("list", "stats", "replay", "purge", "transactions"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+        assert "Exit status: 0 done, 1 an error or a refusal" in text or command in ("list", "stats")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("recoverable-kafka-wal ")
+
+
+def test_purge_json_reports_what_it_removed(tmp_path, capsys):
+    _two_writes(str(tmp_path / "wal"))
+    assert main(["purge", "--path", str(tmp_path / "wal"), "--write-id", "w-one", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["write_id"], report["attempts"]) == ("w-one", 2)
