@@ -19,8 +19,11 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import SchemaError
 from recoverable_sink.records import COLUMNS, SchemaPlan
+
+log = get_logger("schema")
 
 _EXPECTED = {
     "key": "string or binary",
@@ -65,12 +68,12 @@ def plan_schema(schema: StructType, topic_option: str | None) -> SchemaPlan:
     """
     names = [f.name for f in schema.fields]
     unknown = [n for n in names if n not in COLUMNS]
-    if unknown:
-        raise SchemaError(
-            f"column(s) {', '.join(unknown)} are not part of the Kafka sink schema ({', '.join(COLUMNS)}); "
-            "select or drop them, or fold them into value (to_json(struct(...)))"
-        )
+    if unknown:  # as format("kafka") does; said once, since a misspelt column would otherwise go unnoticed
+        log.warning("column(s) %s are not part of the Kafka sink schema (%s) and are not written; drop them, or "
+                    "fold them into value (to_json(struct(...)))", ", ".join(unknown), ", ".join(COLUMNS))
     for f in schema.fields:
+        if f.name not in COLUMNS:
+            continue
         if not _type_ok(f.name, f.dataType):
             hint = "build it with array(struct(lit('k').alias('key'), col.cast('binary').alias('value')))" \
                 if f.name == "headers" else f"cast it, e.g. col('{f.name}').cast('{_EXPECTED[f.name].split()[0]}')"

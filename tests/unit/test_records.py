@@ -132,3 +132,18 @@ def test_a_record_whose_headers_pass_the_limit_is_named_among_small_ones():
                                     "headers": headers(small, [{"key": "big", "value": b"x" * 990}], small)})
     with pytest.raises(RecordError, match=r"p0, record 8: key\+value\+headers with the record framing is 1033 bytes"):
         check_batch(b, "t", "p0", 7, 1000, counts)
+
+
+def test_extra_columns_are_left_out_of_the_plan_with_one_warning(caplog):
+    import logging
+
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from recoverable_sink.schema import plan_schema
+
+    schema = StructType([StructField("value", StringType()), StructField("extra", LongType()),
+                         StructField("other", StringType())])
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.schema"):
+        plan = plan_schema(schema, "t")
+    assert plan.columns == ("value",)
+    assert [r.getMessage().split(" are not")[0] for r in caplog.records] == ["column(s) extra, other"]
