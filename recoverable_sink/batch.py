@@ -16,7 +16,7 @@ from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
-from recoverable_sink.summary import log_abort, log_commit, summarize, write_summary
+from recoverable_sink.summary import log_abort, log_commit, summarize, wal_location, write_summary
 
 log = get_logger("batch")
 
@@ -79,10 +79,11 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         summary = summarize(messages)
         reported = [m.wal_path for m in messages if isinstance(m, SinkCommitMessage) and m.wal_path]
-        wal_path = self.options.wal_path or (reported[0] if reported else "the default wal.path")
+        wal_path = self.options.wal_path or (reported[0] if reported else None)
+        path_arg = wal_location(wal_path)[1]
         log_abort(f"write {self.write_id}", summary, wal_path, self.write_id,
                   f"re-run it with .option('wal.writeId', '{self.write_id}') once the cause is fixed: it sends only "
                   "what Kafka never acknowledged (recomputed from the source), or, where every unfinished partition "
-                  f"was fully logged, `recoverable-kafka-wal replay --path {wal_path} --write-id {self.write_id} "
+                  f"was fully logged, `recoverable-kafka-wal replay --path {path_arg} --write-id {self.write_id} "
                   "--bootstrap-servers ...` on each executor host")
         write_summary(self.options.summary_path, "abort", self.write_id, summary)

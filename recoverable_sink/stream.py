@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
 
-from recoverable_sink.contract import TaskIdentity, stream_write_id
+from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, stream_write_id
 from recoverable_sink.errors import RecoverableSinkError
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
@@ -59,13 +59,15 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         summary = summarize(messages)
-        log_commit(f"micro-batch {batchId}", summary)
+        log_commit(f"micro-batch {batchId}", summary, routine_at_debug=True)
         write_summary(self.options.summary_path, "commit", f"batch-{batchId}", {"batch_id": batchId, **summary})
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         summary = summarize(messages)
-        log_abort(f"micro-batch {batchId}", summary, self.options.wal_path or "the default wal.path",
-                  f"<query id>-b{batchId:012d}",
+        done = [m for m in messages if isinstance(m, SinkCommitMessage)]
+        query_id = next((str(m.query_id) for m in done if m.query_id), None)
+        log_abort(f"micro-batch {batchId}", summary, self.options.wal_path or next((m.wal_path for m in done), None),
+                  stream_write_id(query_id, batchId) if query_id else f"(this query's id)-b{batchId:012d}",
                   "restart the query from its checkpoint: Spark re-runs the batch under the same id and it sends "
                   "only what Kafka never acknowledged")
         write_summary(self.options.summary_path, "abort", f"batch-{batchId}", {"batch_id": batchId, **summary})

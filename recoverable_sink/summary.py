@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -38,8 +39,11 @@ def write_summary(path: str | None, event: str, write_id: str, summary: dict[str
         out.write(json.dumps({"event": event, "write_id": write_id, "time": time.time(), **summary}) + "\n")
 
 
-def log_commit(label: str, summary: dict[str, object]) -> None:
-    log.info(
+def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = False) -> None:
+    """One line per committed write; with ``routine_at_debug`` (a micro-batch), at DEBUG unless a partition was
+    retried or skipped records, so a stream does not log a line per trigger at Spark's usual levels."""
+    eventful = bool(summary["retried_partitions"] or summary["skipped"] or summary["replayed"])
+    log.log(logging.INFO if eventful or not routine_at_debug else logging.DEBUG,
         "%s committed: %d records in %d partitions, %d published, %d acknowledged, %d skipped as already "
         "delivered, %d re-sent after an earlier attempt logged them, %d partitions retried",
         label, summary["received"], summary["partitions"], summary["published"], summary["acknowledged"],
@@ -50,14 +54,28 @@ def log_commit(label: str, summary: dict[str, object]) -> None:
                     "input); both versions are in Kafka", label, summary["diverged"])
 
 
-def log_abort(label: str, summary: dict[str, object], wal_path: str, write_id: str, how_to_finish: str) -> None:
-    """The abort line: which partitions finished, which did not, where their records are, what to run."""
-    log.error(
+def wal_location(wal_path: str | None) -> tuple[str, str]:
+    """How an abort line names the WAL: (in prose, for the list command's --path)."""
+    if wal_path:
+        return wal_path, wal_path
+    return ("each executor's default wal.path ($RECOVERABLE_KAFKA_WAL_PATH, else recoverable_kafka_wal beside "
+            "Spark's local directories)", "DIR")
+
+
+def log_abort(label: str, summary: dict[str, object], wal_path: str | None, write_id: str,
+              how_to_finish: str) -> None:
+    """The abort line: which partitions finished, which did not, where their records are, what to run. At ERROR
+    only when some partition had sent records (a query stopped, or a write refused before any task sent anything,
+    leaves nothing to finish: WARNING)."""
+    where, path_arg = wal_location(wal_path)
+    sent = bool(summary["finished"] or summary["published"])
+    log.log(
+        logging.ERROR if sent else logging.WARNING,
         "%s aborted: %d of %d partitions did not finish (%s); partitions that finished: %s. Records Kafka did not "
         "acknowledge stay in the WAL under %s on the executors that ran them (write id %s): "
         "`recoverable-kafka-wal list --path %s --write-id %s` on each executor host shows which partitions are "
         "there and whether each was fully logged; a partition found on no host never started. To finish the "
         "write: %s",
         label, summary["failed_partitions"], summary["partitions"], summary["unfinished"] or "none",
-        summary["finished"] or "none", wal_path, write_id, wal_path, write_id, how_to_finish,
+        summary["finished"] or "none", where, write_id, path_arg, write_id, how_to_finish,
     )

@@ -783,7 +783,7 @@ def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
              if a.extra.get("query_id") == query_id and int(str(a.extra.get("batch_id", batch_id))) < batch_id]
     if stale:
         freed = wal.purge(stale)
-        log.info("WAL %s: released %d attempt log(s) of committed micro-batches of query %s (%d payload bytes)",
+        log.debug("WAL %s: released %d attempt log(s) of committed micro-batches of query %s (%d payload bytes)",
                  wal.path, len(stale), query_id, freed)
     return len(stale)
 
