@@ -445,9 +445,16 @@ def drain(producer: SinkProducer, tracker: DeliveryTracker, timeout_s: float) ->
 
 
 def _refused(exc: KafkaException, position: int, topic: str | None, partition: int,
-             scrub: Callable[[str], str]) -> Exception:
+             scrub: Callable[[str], str], tracker: DeliveryTracker | None = None) -> Exception:
     err = exc.args[0]
     where = f"record {position} to topic {topic}" + (f" partition {partition}" if partition >= 0 else "")
+    if err.code() == KafkaError._STATE:
+        # A transaction that an earlier delivery failure made abortable refuses every later record: that failure
+        # is the cause, not this record.
+        cause = tracker.first_error() if tracker is not None else None
+        return DeliveryError(f"the transaction stopped taking records after an earlier delivery failed"
+                             f"{': ' + scrub(cause) if cause else ''} ({err.name()}: {scrub(err.str())}; "
+                             f"{where} is not at fault)")
     if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
                       KafkaError._INVALID_ARG):
         return RecordError(f"{where} was refused by the producer: {err.name()}: {scrub(err.str())}")
@@ -486,7 +493,7 @@ def send_batch(producer: SinkProducer, batch: pa.RecordBatch, topic: str | None,
             part = batch.column("partition")[handed].as_py() if "partition" in names else None
             position = seg_first + (handed if rows is None else rows[handed])
             raise _refused(KafkaException(KafkaError(code, text)), position, row_topic, -1 if part is None else part,
-                           scrub)
+                           scrub, tracker)
         producer.poll(0)
     return handed
 
@@ -535,7 +542,7 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
             if isinstance(stop.exc, KafkaException):
                 partition = columns[3][handed] if len(columns) > 3 else -1
                 raise _refused(stop.exc, seg_first + (handed if rows is None else rows[handed]),
-                               columns[0][handed], partition, scrub) from None
+                               columns[0][handed], partition, scrub, tracker) from None
             raise stop.exc  # noqa: B904 - as it was: fatal_errors() reads a SystemError's cause
         finally:
             # Counted even when a record is refused midway (that record and those after it were not handed

@@ -221,7 +221,7 @@ def fit_topic_limit(options: SinkOptions, questions: TopicQuestions | None = Non
     from dataclasses import replace
 
     if options.topic is None:
-        return options
+        return _fit_column_topics(options)
     try:
         entry = (questions or TopicQuestions(options)).config.result().get("max.message.bytes")
         limit = int(entry.value) if entry is not None and entry.value is not None else None
@@ -310,3 +310,42 @@ def check_transactions(options: SinkOptions) -> None:
                 continue
             problem = transaction_problem(err, "reading the commit marker group", probe)
             raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
+
+
+def _fit_column_topics(options: SinkOptions) -> SinkOptions:
+    """Without a ``topic`` option the rows name their topics, which the driver cannot know: the default
+    ``batch.size`` is fitted to the smallest ``max.message.bytes`` among the cluster's topics (a batch to a topic
+    whose limit is below it fails whole as MSG_SIZE_TOO_LARGE, ordinary records and all). One DescribeConfigs
+    request; topics this principal may not describe, or made after it, keep the default."""
+    from dataclasses import replace
+
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    conf = options.producer_config()
+    if conf.get("batch.size", str(DEFAULT_BATCH_SIZE)) != str(DEFAULT_BATCH_SIZE):
+        return options  # the user's own batch.size
+    admin = _probe_admin(options)
+    try:
+        topics = [t for t in admin.list_topics(timeout=options.preflight_timeout_s).topics if not t.startswith("__")]
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        if not resources:
+            return options
+        limits: dict[str, int] = {}
+        answers = admin.describe_configs(resources, request_timeout=options.preflight_timeout_s)
+        for resource, future in answers.items():
+            try:
+                entry = future.result().get("max.message.bytes")
+            except KafkaException:
+                continue  # not described to this principal: the brokers still enforce its limit
+            if entry is not None and entry.value is not None:
+                limits[resource.name] = int(entry.value)
+    except KafkaException as exc:
+        log.info("could not read the topics' max.message.bytes (%s); batch.size stays %d", options.scrub(str(exc)),
+                 DEFAULT_BATCH_SIZE)
+        return options
+    smallest = min(limits.items(), key=lambda item: item[1], default=None)
+    if smallest is None or smallest[1] >= DEFAULT_BATCH_SIZE:
+        return options
+    log.info("the rows name their topics and topic %s has max.message.bytes=%d: the producer's batch.size is set to "
+             "it (the sink's default is %d)", smallest[0], smallest[1], DEFAULT_BATCH_SIZE)
+    return replace(options, producer_items=tuple(sorted({**conf, "batch.size": str(smallest[1])}.items())))

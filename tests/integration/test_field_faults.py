@@ -72,3 +72,23 @@ def test_the_exactly_once_preflight_on_a_broker_just_started_waits_for_its_coord
                                           "transactional.id.prefix": f"fresh-{uuid.uuid4().hex[:8]}-"}))
     finally:
         cluster.stop(timeout_s=20)
+
+
+@pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
+def test_a_topic_column_into_a_topic_with_a_small_max_message_bytes_writes_ordinary_records(spark, kafka, new_topic,
+                                                                                           tmp_path, mode):
+    """max.message.bytes below the sink's default batch.size (384 KiB), named by a topic column: every full
+    batch used to fail as MSG_SIZE_TOO_LARGE (and the re-run failed again). The driver fits batch.size to the
+    smallest limit among the cluster's topics."""
+    from recoverable_sink import RecoverableKafkaDataSource
+    from testing.spark import sink_writer
+
+    spark.dataSource.register(RecoverableKafkaDataSource)
+    limit = random.randrange(50_000, 200_000)
+    small, rows = new_topic(2, **{"max.message.bytes": str(limit)}), 60_000
+    print(f"max.message.bytes={limit}")
+    df = spark.range(rows, numPartitions=2).selectExpr("CAST(id AS STRING) AS key", f"'{small}' AS topic",
+                                                       "repeat('v', 100) AS value")
+    sink_writer(df, kafka.bootstrap_servers, None, tmp_path / "wal", **{"delivery.guarantee": mode}).save()
+    found = ids_in_topic(kafka.bootstrap_servers, small, expected=rows)
+    assert verdict((str(i) for i in range(rows)), found) == (0, 0, 0)
