@@ -4,8 +4,9 @@ Both look alike to the writer: its Arrow iterator simply stops. pyspark's worker
 step later. At a normal end the JVM closes the Arrow stream and then writes Spark's ``END_OF_STREAM`` word on
 the worker's input; when the JVM side of the task fails (an upstream error, a shuffle fetch failure, a bad cast
 under ANSI mode, a killed task) it shuts the worker's input down instead, so the stream ends without either.
-Measured in pyspark 4.2 (tests/integration/test_cut_short.py runs both ends): the word is there to peek at
-after a normal end, end-of-file after a failure.
+Measured in pyspark 4.0.1, 4.1.1 and 4.2.1 (a Python data source writing 20,000 rows, then the same with
+``raise_error`` at row 15,000: the word after all 20,000, end-of-file after 10,000), and tested on every run by
+tests/integration/test_cut_short.py.
 
 The worker's input is found on the call stack (pyspark's ``worker.main`` and its ``process`` hold it as
 ``infile``) and only peeked at, never read: pyspark reads the word itself once the writer returns.
