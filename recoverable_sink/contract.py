@@ -49,6 +49,7 @@ class SinkCommitMessage(WriterCommitMessage):
     skipped: int = 0  # not re-sent: an earlier attempt got the same record to the same destination acknowledged
     replayed: int = 0  # re-sent: an earlier attempt had logged it but never got it acknowledged
     diverged: int = 0  # acknowledged to an earlier attempt but absent from this attempt's input
+    unproven: int = 0  # at_least_once: sent by a retry that found no earlier attempt's log on its host (maybe again)
     wal_bytes: int = 0
     seconds: float = 0.0
     committed_before: bool = False  # exactly_once: an earlier attempt's transaction already holds the partition

@@ -14,7 +14,7 @@ from recoverable_sink.contract import SinkCommitMessage
 
 log = get_logger("summary")
 
-_COUNTS = ("received", "published", "acknowledged", "skipped", "replayed", "diverged")
+_COUNTS = ("received", "published", "acknowledged", "skipped", "replayed", "diverged", "unproven")
 
 
 def summarize(messages: Sequence[object]) -> dict[str, object]:
@@ -49,6 +49,10 @@ def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = 
         label, summary["received"], summary["partitions"], summary["published"], summary["acknowledged"],
         summary["skipped"], summary["replayed"], summary["retried_partitions"],
     )
+    if summary["unproven"]:
+        log.warning("%s: %d records were sent by retries that found no earlier attempt's log on their host (a retry "
+                    "on another host, or a WAL removed meanwhile): what the failed attempts had delivered of them "
+                    "is in Kafka twice", label, summary["unproven"])
     if summary["diverged"]:
         log.warning("%s: %d records an earlier attempt delivered were not in the recomputed input (non-deterministic "
                     "input); both versions are in Kafka", label, summary["diverged"])

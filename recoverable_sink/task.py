@@ -410,6 +410,8 @@ class PartitionWriter:
         message.received = self.position
         message.acknowledged = tracker.acked
         message.diverged = self.delivered.left_over()
+        if self.txn is None and self.ident.attempt > 0 and not self.priors:
+            message.unproven = message.published  # a retry with nothing to skip by: some may be repeats
         if self.txn is not None:
             self._commit_transaction(message)
         elif self.wal is not None and self.attempt_key is not None:

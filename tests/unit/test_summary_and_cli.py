@@ -147,3 +147,15 @@ def test_purge_json_reports_what_it_removed(tmp_path, capsys):
     assert main(["purge", "--path", str(tmp_path / "wal"), "--write-id", "w-one", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["write_id"], report["attempts"]) == ("w-one", 2)
+
+
+def test_records_a_retry_sent_without_an_earlier_log_are_counted_and_warned_of(caplog):
+    from recoverable_sink.summary import log_commit
+
+    retry = SinkCommitMessage(write_id="w", partition=0, attempt=1, host="h", wal_path="/w", received=10,
+                              published=10, acknowledged=10, unproven=10)
+    summary = summarize([retry])
+    assert summary["unproven"] == 10
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.summary"):
+        log_commit("write w", summary)
+    assert "10 records were sent by retries that found no earlier attempt's log" in caplog.text
