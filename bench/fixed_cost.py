@@ -3,6 +3,9 @@ exactly_once micro-batch, each against Spark's own ``format("kafka")``. Part of 
 
     .venv/bin/python -m bench.fixed_cost       # FIXED_REPS=6 FIXED_FIRST_REPS=2 FIXED_MICRO_BATCHES=12
 
+Beside Spark's sink, ``python_noop`` is a Python DataSource whose writer only reads its input: the floor any
+Python sink pays (Spark starts its Python workers for the lookup, the planning, the tasks and the commit).
+
 * ``first_write``: a new driver process (its own SparkSession) writes 4 rows; the write call's wall time.
 * ``small_write``: 4 rows into a 1-partition DataFrame in a warm session; the median write call.
 * ``micro_batch``: a file-source stream of 4-row micro-batches on 2 partitions; the median of Spark's own
@@ -21,8 +24,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
 
 from testing.kafka_local import REPO, KafkaCluster
 from testing.spark import local_spark, python_env
@@ -33,12 +39,40 @@ FIRST_REPS = int(os.environ.get("FIXED_FIRST_REPS", "2"))
 MICRO_BATCHES = int(os.environ.get("FIXED_MICRO_BATCHES", "12"))
 CASES: dict[str, dict[str, str]] = {
     "spark_kafka": {},
+    "python_noop": {},
     "at_least_once": {"delivery.guarantee": "at_least_once"},
     "exactly_once": {"delivery.guarantee": "exactly_once"},
 }
 
 
+class _NoopWriter(DataSourceArrowWriter):
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        for _ in iterator:
+            pass
+        return WriterCommitMessage()
+
+
+class NoopSink(DataSource):
+    """A Python DataSource that writes nothing: what Spark's Python data source machinery costs by itself."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_python_noop"
+
+    def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
+        return _NoopWriter()
+
+
+def _register(spark: Any) -> None:
+    from recoverable_sink import RecoverableKafkaDataSource
+
+    spark.dataSource.register(RecoverableKafkaDataSource)
+    spark.dataSource.register(NoopSink)
+
+
 def _writer(df: Any, case: str, bootstrap: str, topic: str, wal: str) -> Any:
+    if case == "python_noop":
+        return df.write.format("bench_python_noop").mode("append")
     if case == "spark_kafka":
         return df.write.format("kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \
             .option("topic", topic)
@@ -49,6 +83,7 @@ def _writer(df: Any, case: str, bootstrap: str, topic: str, wal: str) -> Any:
 def first_write(case: str, bootstrap: str, topic: str) -> float:
     """Run in a new process (``--first CASE``): build a session, write 4 rows, return the write's seconds."""
     spark = local_spark("fixed-cost-first")
+    _register(spark)
     try:
         df = spark.range(4, numPartitions=1).selectExpr("CAST(id AS STRING) AS key", "'v' AS value")
         started = time.perf_counter()
@@ -89,9 +124,7 @@ def micro_batch_ms(spark: Any, case: str, bootstrap: str, topic: str, work: Path
 
 def measure(bootstrap: str, create_topic: Any) -> dict[str, Any]:
     spark = local_spark("fixed-cost", **{"spark.sql.shuffle.partitions": "2"})
-    from recoverable_sink import RecoverableKafkaDataSource
-
-    spark.dataSource.register(RecoverableKafkaDataSource)
+    _register(spark)
     results: dict[str, Any] = {"first_write_s": {}, "small_write_ms": {}, "micro_batch_ms": {}}
     with tempfile.TemporaryDirectory(prefix="rk-fixed-") as tmp:
         work = Path(tmp)
@@ -107,7 +140,8 @@ def measure(bootstrap: str, create_topic: Any) -> dict[str, Any]:
                 small[case].append((time.perf_counter() - started) * 1000)
         results["small_write_ms"] = {c: round(statistics.median(v), 1) for c, v in small.items()}
         for case in CASES:
-            results["micro_batch_ms"][case] = micro_batch_ms(spark, case, bootstrap, create_topic(), work)
+            if case != "python_noop":  # a stream needs a stream writer
+                results["micro_batch_ms"][case] = micro_batch_ms(spark, case, bootstrap, create_topic(), work)
     spark.stop()
     first: dict[str, list[float]] = {case: [] for case in CASES}
     for _ in range(FIRST_REPS):
@@ -119,8 +153,6 @@ def measure(bootstrap: str, create_topic: Any) -> dict[str, Any]:
 
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--first":
-        from recoverable_sink import RecoverableKafkaDataSource  # noqa: F401 - found by Spark's scan as well
-
         sys.stdout.write(f"{first_write(sys.argv[2], sys.argv[3], sys.argv[4])}\n")
         return 0
     OUT.mkdir(parents=True, exist_ok=True)
