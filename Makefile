@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP_PY := build/.stamp-python
 STAMP_JARS := build/.stamp-jars
 
-.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench dist lint clean
+.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench matrix dist lint clean
 
 setup: $(STAMP_PY) $(STAMP_JARS)
 
@@ -60,6 +60,10 @@ chaos: setup
 
 bench: setup
 	$(PYTHON) -m bench.run
+
+# Every supported Python and pyspark, each in a fresh virtualenv: a real write and a killed-worker retry.
+matrix: setup
+	$(PYTHON) -m tools.matrix
 
 # The wheel and the spark-submit --py-files zip, in build/dist/.
 dist: setup

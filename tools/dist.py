@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -18,7 +17,9 @@ SRC = REPO
 
 
 def version() -> str:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    from importlib.metadata import version as installed
+
+    return installed("recoverable-sink")  # make dist runs in the project's virtualenv, where it is installed
 
 
 def build_wheel(out: Path) -> Path:
