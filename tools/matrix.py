@@ -5,7 +5,8 @@ and a killed-worker retry in both delivery modes (tools/matrix_job.py), against 
     MATRIX="3.12:4.2.1" make matrix               # some cells: python:pyspark, comma-separated
 
 Python interpreters come from pyenv (``~/.pyenv/versions/<x.y>*``) or the PATH (``pythonX.Y``); pyspark from
-PyPI. Results go to build/matrix/results.json; exit 0 only if every cell held.
+PyPI. Results go to build/matrix/results.json (a run of some cells replaces only theirs); exit 0 only if every
+cell run held.
 """
 
 from __future__ import annotations
@@ -77,7 +78,12 @@ def main() -> int:
             sys.stdout.flush()
     finally:
         cluster.stop()
-    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    # A run of some cells replaces their entries in the last results and keeps the others.
+    path = OUT / "results.json"
+    earlier = json.loads(path.read_text()) if path.exists() else []
+    ran = {r["cell"] for r in results}
+    merged = sorted([r for r in earlier if r.get("cell") not in ran] + results, key=lambda r: str(r["cell"]))
+    path.write_text(json.dumps(merged, indent=2) + "\n")
     return 0 if results and all(r.get("ok") for r in results) else 1
 
 
