@@ -18,6 +18,8 @@ from recoverable_sink.errors import (
 )
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from recoverable_sink.source import RecoverableKafkaDataSource
 
 __all__ = [
@@ -30,7 +32,22 @@ __all__ = [
     "WalCorruptionError",
     "WalError",
     "WalFullError",
+    "register",
 ]
+
+
+def register(spark: SparkSession) -> None:
+    """Make ``format("recoverable_kafka")`` resolvable in ``spark`` from the calling thread.
+
+    The main thread needs no call: Spark finds the format by itself. Spark looks Python data sources up
+    through the JVM thread's active session, which a Python thread (even a ``pyspark.InheritableThread``) does
+    not have, so a write from one fails with DATA_SOURCE_NOT_FOUND; call this first in each such thread."""
+    from recoverable_sink.source import RecoverableKafkaDataSource
+
+    spark.dataSource.register(RecoverableKafkaDataSource)
+    jvm = getattr(spark, "_jvm", None)
+    if jvm is not None:  # a classic session (Spark Connect resolves on the server)
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 def __getattr__(name: str) -> object:

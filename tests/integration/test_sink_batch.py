@@ -194,3 +194,31 @@ def test_without_wal_path_the_wal_lives_in_sparks_local_dir_beside_the_executors
     wal_dir = local / "recoverable_kafka_wal"
     assert (wal_dir / "data.mdb").exists(), sorted(p.name for p in local.iterdir())
     assert open_wal(str(wal_dir)).attempts() == []
+
+
+def test_a_write_from_a_python_thread_after_register(spark, kafka, new_topic, tmp_path):
+    """Spark resolves Python data sources through the JVM thread's active session, which a Python thread lacks:
+    without recoverable_sink.register(spark) in the thread the format is not found; with it the write lands."""
+    import threading
+
+    import recoverable_sink
+
+    topic, outcome = new_topic(), {}
+    df = spark.range(5).selectExpr("CAST(id AS STRING) AS value")
+
+    def write(register):
+        try:
+            if register:
+                recoverable_sink.register(spark)
+            sink_writer(df, kafka.bootstrap_servers, topic, tmp_path / "wal").save()
+            outcome[register] = "ok"
+        except Exception as exc:  # noqa: BLE001 - the outcome is the assertion
+            outcome[register] = str(exc)
+
+    for register in (False, True):
+        thread = threading.Thread(target=write, args=(register,))
+        thread.start()
+        thread.join(300)
+    assert "DATA_SOURCE_NOT_FOUND" in outcome[False] or "Failed to find the data source" in outcome[False]
+    assert outcome[True] == "ok"
+    assert len(read_topic(kafka.bootstrap_servers, topic, 30, expected=5)) == 5
