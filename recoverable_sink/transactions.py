@@ -104,10 +104,13 @@ class PartitionTransaction:
         self.partition = partition
         self.where = where
         self.txn_id = transactional_id(options, scope or write_id, partition)
+        # A query's micro-batches share the id and marker group: the group then holds one marker per topic it was
+        # ever committed for, and only one naming this write counts.
+        self.shared = scope is not None and scope != write_id
         self.producer: SinkProducer | None = None
         self.in_transaction = False
         self.marker: dict | None = None  # the committed marker open() found, if any
-        self.began: float | None = None  # monotonic time the open transaction began
+        self.first_send: float | None = None  # when the open transaction got its first record (the brokers' clock)
 
     def _fail(self, exc: KafkaException, what: str) -> DeliveryError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -118,10 +121,10 @@ class PartitionTransaction:
     def timed_out(self) -> str | None:
         """A sentence naming the transaction timeout, when the open transaction has outlived it: the brokers
         then abort it and bump the producer's epoch, which the producer reports as being fenced."""
-        if self.began is None:
+        if self.first_send is None:
             return None
         limit_ms = int(self.options.producer_config()["transaction.timeout.ms"])
-        open_s = time.monotonic() - self.began
+        open_s = time.monotonic() - self.first_send
         if open_s * 1000 < limit_ms:
             return None
         return (f"the transaction was open {open_s:.0f} s, longer than kafka.transaction.timeout.ms={limit_ms}, so "
@@ -151,16 +154,16 @@ class PartitionTransaction:
             self.close()
             raise self._fail(exc, "init_transactions") from None
         try:
-            marker = self.read_marker()
+            markers = self.read_markers()
         except BaseException:
             self.close()
             raise
-        if marker is not None and marker.get("write_id", self.write_id) != self.write_id:
-            marker = None  # an earlier micro-batch's: this one is not committed yet
-        if marker is not None and topic is not None and marker.get("topic", topic) != topic:
+        # A marker without a write id (never written so) counts only in a group of this write's own.
+        mine = [m for m in markers if m.get("write_id", None if self.shared else self.write_id) == self.write_id]
+        marker = next((m for m in mine if topic is None or m.get("topic", topic) == topic), None)
+        if marker is None and mine:
             log.info("%s: committed earlier to topic %s, now writing to %s: sending again", self.where,
-                     marker.get("topic"), topic)
-            marker = None
+                     mine[0].get("topic"), topic)
         if marker is not None:
             log.info("%s: an earlier attempt committed this partition in Kafka (%s)", self.where,
                      marker)
@@ -176,7 +179,12 @@ class PartitionTransaction:
         except KafkaException as exc:
             raise self._fail(exc, "begin_transaction") from None
         self.in_transaction = True
-        self.began = time.monotonic()
+        self.first_send = None
+
+    def sending(self) -> None:
+        """Records are about to go into the open transaction: the brokers start its timeout at the first."""
+        if self.first_send is None:
+            self.first_send = time.monotonic()
 
     @property
     def committed_records(self) -> int:
@@ -190,8 +198,8 @@ class PartitionTransaction:
         attempts = (self.marker or {}).get("attempts")
         return [str(a) for a in attempts] if isinstance(attempts, list) else None
 
-    def read_marker(self) -> dict | None:
-        """The marker committed with this partition's transaction, if any."""
+    def read_markers(self) -> list[dict]:
+        """The markers committed in this partition's group (one per topic a marker was committed for)."""
         admin = _admin(self.options)
         request = ConsumerGroupTopicPartitions(self.txn_id)
         deadline = time.monotonic() + _init_timeout_s(self.options)
@@ -203,18 +211,19 @@ class PartitionTransaction:
             except KafkaException as exc:
                 err = exc.args[0]
                 if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                    return None
+                    return []
                 if err.retriable() and time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
                 raise self._fail(exc, "reading the commit marker") from None
+        markers = []
         for tp in result.topic_partitions or []:
             if tp.offset >= 0:
                 try:
-                    return json.loads(tp.metadata or "{}")
+                    markers.append(json.loads(tp.metadata or "{}"))
                 except ValueError:
-                    return {"offset": tp.offset}
-        return None
+                    markers.append({"offset": tp.offset})
+        return markers
 
     def commit(self, marker_topic: str, records: int, timeout_s: float, attempts: list[str],
                wal: str | None) -> None:

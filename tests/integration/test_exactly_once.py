@@ -286,6 +286,30 @@ def test_the_cli_lists_and_aborts_a_transaction_a_dead_job_left_open(kafka, new_
 
     listed = cli()["transactions"]
     assert [(t["transactional_id"], t["state"]) for t in listed] == [(f"{prefix}0", "Ongoing")]
-    assert cli("--abort")["aborted"] == [f"{prefix}0"]
+    assert 0 <= listed[0]["age_s"] < 300  # the record's start time, read past its partition list
+    assert cli("--abort", "--older-than", "600")["aborted"] == []  # younger than that: left alone
+    assert cli("--abort", "--older-than", "0")["aborted"] == [f"{prefix}0"]
     assert [r["value"] for r in read_topic(kafka.bootstrap_servers, topic, 30, expected=1)] == [b"committed later"]
     assert [t["state"] for t in cli()["transactions"]] in (["Empty"], ["CompleteAbort"])  # no longer open
+
+
+def test_a_query_partition_whose_batches_went_to_two_topics_finds_its_own_batch_marker(kafka, new_topic, tmp_path):
+    """A query's micro-batches share a partition's marker group, which then holds a marker per topic: a re-run of
+    batch 2 (rows naming topic B) must find batch 2's marker, not batch 1's (topic A, listed first)."""
+    from recoverable_sink.transactions import PartitionTransaction
+
+    first, second = sorted([new_topic(1), new_topic(1)])
+    options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, **EO,
+                             "transactional.id.prefix": "shared-", "wal.path": str(tmp_path / "wal")})
+    for batch, topic in ((1, first), (2, second)):
+        txn = PartitionTransaction(options, f"q-b{batch}", 0, "partition 0", scope="q")
+        assert txn.open(None) is False
+        txn.commit(topic, 10, 30, [f"attempt-{batch}"], None)
+        txn.close()
+    rerun = PartitionTransaction(options, "q-b2", 0, "partition 0", scope="q")
+    assert rerun.open(None) is True  # committed: nothing to send again
+    rerun.close()
+    assert (rerun.marker["write_id"], rerun.marker["topic"]) == ("q-b2", second)
+    later = PartitionTransaction(options, "q-b3", 0, "partition 0", scope="q")
+    assert later.open(None) is False  # batch 3 is not committed by either marker
+    later.abort()

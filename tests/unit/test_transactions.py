@@ -58,7 +58,7 @@ def producers(monkeypatch: pytest.MonkeyPatch):
 
     def install(init_fails: bool) -> list[_Producer]:
         monkeypatch.setattr(transactions, "new_producer", lambda conf, native: _Producer(conf, init_fails))
-        monkeypatch.setattr(transactions.PartitionTransaction, "read_marker", lambda self: None)
+        monkeypatch.setattr(transactions.PartitionTransaction, "read_markers", lambda self: [])
         return _Producer.made
 
     return install
