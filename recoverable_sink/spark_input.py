@@ -9,12 +9,14 @@ Measured in pyspark 4.0.1, 4.1.1 and 4.2.1 (a Python data source writing 20,000 
 tests/integration/test_cut_short.py.
 
 The worker's input is found on the call stack (pyspark's ``worker.main`` and its ``process`` hold it as
-``infile``) and only peeked at, never read: pyspark reads the word itself once the writer returns.
+``infile``; the module runs as ``pyspark.worker``, or as ``__main__`` where Spark starts workers without its
+daemon) and only peeked at, never read: pyspark reads the word itself once the writer returns.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import sys
 import threading
 from typing import IO
@@ -36,20 +38,38 @@ class InputEnd(enum.Enum):
     UNKNOWN = "unknown"  # not running in a pyspark worker, or a protocol this module does not know
 
 
+_WORKER_FILE = os.path.join("pyspark", "worker.py")
+_warned: list[bool] = []
+
+
 def _worker_input() -> IO[bytes] | None:
     frame = sys._getframe(1)
     while frame is not None:
         infile = frame.f_locals.get("infile")
-        if infile is not None and frame.f_globals.get("__name__") == "pyspark.worker" and hasattr(infile, "peek"):
+        if infile is not None and hasattr(infile, "peek") and (
+                frame.f_globals.get("__name__") == "pyspark.worker"
+                or frame.f_code.co_filename.endswith(_WORKER_FILE)):
             return infile
         frame = frame.f_back
     return None
+
+
+def _in_a_spark_task() -> bool:
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    return TaskContext.get() is not None
 
 
 def how_input_ended() -> InputEnd:
     """Call once the writer's iterator is exhausted, from inside the Python data source's ``write``."""
     infile = _worker_input()
     if infile is None:
+        if not _warned and _in_a_spark_task():
+            _warned.append(True)
+            log.warning("this pyspark's worker does not hold its input where the sink looks for it: a task whose "
+                        "input the JVM cut short cannot be told from a complete one, and would be committed")
         return InputEnd.UNKNOWN
     result: list[bytes] = []
 
