@@ -212,7 +212,7 @@ class Wal:
         created = time.time()
         key = f"{write_id}/{partition:06d}/{time.time_ns():020d}-{attempt:03d}-{uuid.uuid4().hex[:8]}"
         meta = {**extra, "write_id": write_id, "partition": partition, "attempt": attempt,
-                "host": socket.gethostname(), "created": created, "state": OPEN}
+                "host": socket.gethostname(), "created": created, "state": OPEN, "owner": _this_process()}
         self._write(lambda txn: txn.put(b"m/" + key.encode(), json.dumps(meta).encode()))
         return key
 
@@ -427,8 +427,11 @@ class Wal:
         removable, kept = [], []
         with self._read() as txn:
             for a in old:
-                holds = a.state != DONE or any(not (_SEG_HEADER.unpack_from(v)[5] & _ALL_ACKED)
-                                               for _, _, v in self._segment_entries(txn, a.key))
+                # Not finished: kept while its process may still run it; once that process is gone it is a failed
+                # attempt's proof of delivery, kept for the retention like a finished one's.
+                unfinished = a.state != DONE and _alive(a.extra.get("owner"))
+                holds = unfinished or any(not (_SEG_HEADER.unpack_from(v)[5] & _ALL_ACKED)
+                                          for _, _, v in self._segment_entries(txn, a.key))
                 (kept if holds else removable).append(a)
         self.purge([a.key for a in removable])
         if removable:
@@ -786,6 +789,38 @@ def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
         log.debug("WAL %s: released %d attempt log(s) of committed micro-batches of query %s (%d payload bytes)",
                  wal.path, len(stale), query_id, freed)
     return len(stale)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot), which tells it from a later process with its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _this_process() -> dict[str, object]:
+    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def _alive(owner: object) -> bool:
+    """Whether the process that began an attempt may still run: yes unless it is known to be gone (same host
+    and boot, and no process with its pid and start time). An attempt written before owners were recorded
+    counts as gone."""
+    if not isinstance(owner, dict):
+        return False
+    if owner.get("host") != socket.gethostname() or owner.get("boot") != _boot_id() or not owner.get("started"):
+        return True  # another host's or boot's process: not knowable from here, so kept
+    return _started(int(str(owner.get("pid")))) == owner.get("started")
 
 
 def sweep_now_and_then(wal: Wal, retention_s: float) -> None:

@@ -381,3 +381,23 @@ def test_a_map_grown_by_another_process_is_adopted(wal_dir, monkeypatch):
     assert wal.env.info()["map_size"] == int(out.stdout)
     append(wal, key, 1, batch([b"after"]), max_bytes=1 << 30)
     assert [s.count for s in wal.segments(key)] == [1, 1]
+
+
+def test_sweep_removes_an_unfinished_attempt_once_its_process_is_gone_and_it_holds_only_proof(wal_dir):
+    # A child process opens an attempt, logs a batch Kafka acknowledged, and dies without finishing it.
+    code = (
+        "import sys, pyarrow as pa\n"
+        "from recoverable_sink.wal import open_wal\n"
+        "wal = open_wal(sys.argv[1])\n"
+        "key = wal.begin_attempt('gone', 0, 0, {})\n"
+        "b = pa.RecordBatch.from_pydict({'value': pa.array([b'a'], pa.binary())})\n"
+        "wal.append(key, 0, b, bytes(16), 1 << 20, {})\n"
+        "wal.save_acks(key, {0: bytearray(b'\\x01')})\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(wal_dir)], check=True)
+    wal = open_wal(wal_dir)
+    mine = wal.begin_attempt("running", 0, 0, {})  # this process's: still running
+    append(wal, mine, 0, batch([b"c"]))
+    wal.save_acks(mine, {0: bytearray(b"\x01")})
+    assert wal.sweep(retention_s=3600, now=time.time() + 7200) == (1, 1)
+    assert [a.write_id for a in wal.attempts()] == ["running"]
