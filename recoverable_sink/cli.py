@@ -241,12 +241,17 @@ def _parser() -> argparse.ArgumentParser:
                            help="the write's partition count: also refuse when a partition is missing here")
     p = sub.add_parser("transactions", help="list (and --abort) the open exactly_once transactions of a prefix",
                        description="List the transactional ids of a transactional.id.prefix that the brokers "
-                                   "keep, with their state, read from __transaction_state (the principal needs "
-                                   "DESCRIBE and READ on it). With --abort, abort the open ones: each is fenced "
-                                   "and rolled back as a retry of its partition would. " + _EXIT_CODES)
+                                   "keep, with their state and age, read from __transaction_state (the principal "
+                                   "needs DESCRIBE and READ on it). With --abort, abort the Ongoing ones older "
+                                   "than --older-than: each is fenced and rolled back as a retry of its partition "
+                                   "would. A running job's transactions are aborted too (its tasks then fail and "
+                                   "are retried): stop the job first. Transactions already committing or aborting "
+                                   "finish on their own and are left alone. " + _EXIT_CODES)
     p.add_argument("--prefix", required=True, help="the write's transactional.id.prefix (default of the sink: "
                                                    "recoverable-kafka-)")
-    p.add_argument("--abort", action="store_true", help="abort every open transaction listed")
+    p.add_argument("--abort", action="store_true", help="abort the Ongoing transactions listed")
+    p.add_argument("--older-than", type=float, default=60.0, metavar="SECONDS",
+                   help="with --abort: only transactions begun at least this long ago (default 60)")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     _client_arguments(p)
     return parser
@@ -348,21 +353,29 @@ def _transactions(args: argparse.Namespace) -> int:
 
     client = {k.removeprefix("kafka."): v for k, v in producer_settings(args, dict(os.environ)).items()}
     found = transactions(client, args.prefix)
-    aborted = []
+    now_ms = int(time.time() * 1000)
+    aborted: list[str] = []
+    failed: list[str] = []
     if args.abort:
         for status in found:
-            if status.open:
+            age = status.age_s(now_ms)
+            if status.state != "Ongoing" or (age is not None and age < args.older_than):
+                continue
+            try:
                 abort(client, status.transactional_id)
-                aborted.append(status.transactional_id)
-                log.info("aborted the open transaction of %s (it was %s)", status.transactional_id, status.state)
+            except RecoverableSinkError as exc:
+                failed.append(str(exc))
+                log.error("%s", exc)
+                continue
+            aborted.append(status.transactional_id)
+            log.info("aborted the open transaction of %s", status.transactional_id)
+    rows = [{**asdict(s), "age_s": s.age_s(now_ms), "aborted": s.transactional_id in aborted} for s in found]
     if args.json:
-        sys.stdout.write(json.dumps({"transactions": [asdict(s) for s in found], "aborted": aborted}) + "\n")
+        sys.stdout.write(json.dumps({"transactions": rows, "aborted": aborted, "failed": failed}) + "\n")
     else:
-        rows = [{"transactional_id": s.transactional_id, "state": s.state, "producer_id": s.producer_id,
-                 "timeout_ms": s.timeout_ms, "aborted": s.transactional_id in aborted} for s in found]
-        sys.stdout.write((_table(rows, ["transactional_id", "state", "producer_id", "timeout_ms", "aborted"])
+        sys.stdout.write((_table(rows, ["transactional_id", "state", "age_s", "producer_id", "timeout_ms", "aborted"])
                           if rows else f"no transactional ids with prefix {args.prefix}") + "\n")
-    return 0
+    return 1 if failed else 0
 
 
 def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> int:

@@ -22,6 +22,12 @@ class TaskIdentity:
     extra: dict[str, object] = field(default_factory=dict)
 
     @property
+    def retry(self) -> bool:
+        """Whether Spark ran this partition before: a later task attempt, or any attempt of a re-run stage (whose
+        attempt numbers start at 0 again)."""
+        return self.attempt > 0 or int(str(self.extra.get("stage_attempt", 0))) > 0
+
+    @property
     def transaction_scope(self) -> str:
         """What a partition's transactional id (and marker group) is shared across under exactly_once: every
         micro-batch of a streaming query, so their number on the brokers does not grow with the query's length;

@@ -452,9 +452,9 @@ def _refused(exc: KafkaException, position: int, topic: str | None, partition: i
         # A transaction that an earlier delivery failure made abortable refuses every later record: that failure
         # is the cause, not this record.
         cause = tracker.first_error() if tracker is not None else None
-        return DeliveryError(f"the transaction stopped taking records after an earlier delivery failed"
-                             f"{': ' + scrub(cause) if cause else ''} ({err.name()}: {scrub(err.str())}; "
-                             f"{where} is not at fault)")
+        return DeliveryError(f"the transaction stopped taking records after an earlier error"
+                             f"{' (the first failed delivery: ' + scrub(cause) + ')' if cause else ''}: "
+                             f"{err.name()}: {scrub(err.str())}; {where} is not at fault")
     if err.code() in (KafkaError.MSG_SIZE_TOO_LARGE, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC,
                       KafkaError._INVALID_ARG):
         return RecordError(f"{where} was refused by the producer: {err.name()}: {scrub(err.str())}")

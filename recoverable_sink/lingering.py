@@ -35,10 +35,15 @@ class TransactionStatus:
     producer_id: int
     producer_epoch: int
     timeout_ms: int
+    started_ms: int | None = None  # when the current transaction began (epoch ms), where the record says
+    updated_ms: int | None = None
 
     @property
     def open(self) -> bool:
         return self.state in OPEN_STATES
+
+    def age_s(self, now_ms: int) -> float | None:
+        return None if self.started_ms is None or self.started_ms < 0 else (now_ms - self.started_ms) / 1000
 
 
 def parse_key(key: bytes) -> str | None:
@@ -49,19 +54,65 @@ def parse_key(key: bytes) -> str | None:
     return key[4:4 + length].decode("utf-8", "replace") if length >= 0 else None
 
 
-def parse_value(tid: str, value: bytes) -> TransactionStatus:
-    """The fixed-width head of a TransactionLogValue, the same in its versions 0 and 1: version int16,
-    producer id int64, producer epoch int16, timeout int32, status int8.
+def _uvarint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
 
-    >>> parse_value("t", bytes.fromhex("0001" "0000000000000007" "0002" "0000ea60" "01") + b"...")
-    TransactionStatus(transactional_id='t', state='Ongoing', producer_id=7, producer_epoch=2, timeout_ms=60000)
+
+def _times(value: bytes) -> tuple[int | None, int | None]:
+    """(last update, start) in epoch ms, after the record's partition list: version 0 has fixed-width arrays
+    and strings, version 1 compact ones and tagged fields. None where the record is not of either shape."""
+    try:
+        version, at = int.from_bytes(value[0:2], "big"), 17
+        if version == 0:
+            count = int.from_bytes(value[at:at + 4], "big", signed=True)
+            at += 4
+            for _ in range(max(count, 0)):
+                at += 2 + int.from_bytes(value[at:at + 2], "big")  # topic
+                at += 4 + 4 * int.from_bytes(value[at:at + 4], "big")  # partition ids
+        elif version == 1:
+            count, at = _uvarint(value, at)
+            for _ in range(max(count - 1, 0)):
+                length, at = _uvarint(value, at)
+                at += length - 1  # topic
+                ids, at = _uvarint(value, at)
+                at += 4 * (ids - 1)
+                tags, at = _uvarint(value, at)
+                for _ in range(tags):
+                    _, at = _uvarint(value, at)
+                    size, at = _uvarint(value, at)
+                    at += size
+        else:
+            return None, None
+        updated = int.from_bytes(value[at:at + 8], "big", signed=True)
+        started = int.from_bytes(value[at + 8:at + 16], "big", signed=True)
+        return (updated, started) if len(value) >= at + 16 else (None, None)
+    except IndexError:
+        return None, None
+
+
+def parse_value(tid: str, value: bytes) -> TransactionStatus:
+    """A TransactionLogValue: version int16, producer id int64, producer epoch int16, timeout int32, status
+    int8 (the same in versions 0 and 1), then the partitions and the last update and start times.
+
+    >>> parse_value("t", bytes.fromhex("0000" "0000000000000007" "0002" "0000ea60" "01" "00000000")
+    ...             + (5).to_bytes(8, "big") + (3).to_bytes(8, "big"))
+    TransactionStatus(transactional_id='t', state='Ongoing', producer_id=7, producer_epoch=2, timeout_ms=60000, \
+started_ms=3, updated_ms=5)
     """
     if len(value) < 17:
         raise ValueError(f"{TRANSACTION_LOG} record of {tid} is too short ({len(value)} bytes)")
+    updated, started = _times(value)
     return TransactionStatus(tid, STATES.get(value[16], f"unknown({value[16]})"),
                              int.from_bytes(value[2:10], "big", signed=True),
                              int.from_bytes(value[10:12], "big", signed=True),
-                             int.from_bytes(value[12:16], "big", signed=True))
+                             int.from_bytes(value[12:16], "big", signed=True), started, updated)
 
 
 def transactions(client: dict[str, str], prefix: str, timeout_s: float = 30) -> list[TransactionStatus]:

@@ -346,6 +346,8 @@ def _fit_column_topics(options: SinkOptions) -> SinkOptions:
     smallest = min(limits.items(), key=lambda item: item[1], default=None)
     if smallest is None or smallest[1] >= DEFAULT_BATCH_SIZE:
         return options
-    log.info("the rows name their topics and topic %s has max.message.bytes=%d: the producer's batch.size is set to "
-             "it (the sink's default is %d)", smallest[0], smallest[1], DEFAULT_BATCH_SIZE)
+    # A warning: one small topic anywhere in the cluster makes every topic-column write send smaller batches.
+    log.warning("the rows name their topics and topic %s has max.message.bytes=%d, the smallest in the cluster: the "
+                "producer's batch.size is set to it (the sink's default is %d); set kafka.batch.size for the topics "
+                "this write sends to if they allow more", smallest[0], smallest[1], DEFAULT_BATCH_SIZE)
     return replace(options, producer_items=tuple(sorted({**conf, "batch.size": str(smallest[1])}.items())))

@@ -52,7 +52,7 @@ def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = 
     if summary["unproven"]:
         log.warning("%s: %d records were sent by retries that found no earlier attempt's log on their host (a retry "
                     "on another host, or a WAL removed meanwhile): what the failed attempts had delivered of them "
-                    "is in Kafka twice", label, summary["unproven"])
+                    "may be in Kafka twice", label, summary["unproven"])
     if summary["diverged"]:
         log.warning("%s: %d records an earlier attempt delivered were not in the recomputed input (non-deterministic "
                     "input); both versions are in Kafka", label, summary["diverged"])
@@ -69,8 +69,9 @@ def wal_location(wal_path: str | None) -> tuple[str, str]:
 def log_abort(label: str, summary: dict[str, object], wal_path: str | None, write_id: str,
               how_to_finish: str) -> None:
     """The abort line: which partitions finished, which did not, where their records are, what to run. At ERROR
-    only when some partition had sent records (a query stopped, or a write refused before any task sent anything,
-    leaves nothing to finish: WARNING)."""
+    when some partition finished (a write left half done); at WARNING when none did, where the tasks' own error
+    is what the user reads first (a stopped query, a write refused on bad input) and failed tasks do not say
+    whether they sent anything."""
     where, path_arg = wal_location(wal_path)
     sent = bool(summary["finished"] or summary["published"])
     log.log(

@@ -292,6 +292,8 @@ class PartitionWriter:
     def _produce(self, pending: _Pending) -> None:
         if pending.stored is not None:
             self.message.wal_bytes += pending.stored.result()
+        if self.txn is not None:
+            self.txn.sending()
         try:
             with _no_collection():
                 self.message.published += send_batch(self.producer, pending.batch, self.plan.topic_option,
@@ -410,7 +412,7 @@ class PartitionWriter:
         message.received = self.position
         message.acknowledged = tracker.acked
         message.diverged = self.delivered.left_over()
-        if self.txn is None and self.ident.attempt > 0 and not self.priors:
+        if self.txn is None and self.ident.retry and not self.priors:
             message.unproven = message.published  # a retry with nothing to skip by: some may be repeats
         if self.txn is not None:
             self._commit_transaction(message)
@@ -562,7 +564,8 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
                 f"{ident.where}: Spark ended this task's input after {writer.position} records because the JVM side "
                 "of the task failed (its own error is the task's error). Nothing of this attempt is committed"
                 + (": its transaction is aborted" if options.exactly_once else
-                   "; what Kafka acknowledged stays recorded in the WAL, so Spark's retry does not send it again"))
+                   "; what Kafka acknowledged stays recorded in this host's WAL, so a retry here does not send it "
+                   "again"))
         return writer.commit()
     except BaseException:
         writer.abort()
