@@ -23,9 +23,9 @@ class TaskIdentity:
 
     @property
     def retry(self) -> bool:
-        """Whether Spark ran this partition before: a later task attempt, or any attempt of a re-run stage (whose
-        attempt numbers start at 0 again)."""
-        return self.attempt > 0 or int(str(self.extra.get("stage_attempt", 0))) > 0
+        """Whether Spark ran this partition before, as far as a Python task can tell: a later task attempt (a
+        re-run stage starts its attempt numbers at 0 again, and pyspark's TaskContext does not say)."""
+        return self.attempt > 0
 
     @property
     def transaction_scope(self) -> str:

@@ -51,8 +51,7 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
             release_committed_batches(open_wal(self.options.resolved_wal_path()), query_id, batch)
         ident = TaskIdentity(write_id=stream_write_id(query_id, batch), partition=ctx.partitionId(),
                              attempt=ctx.attemptNumber(), kind="stream",
-                             extra={"query_id": query_id, "batch_id": batch, "task_attempt_id": ctx.taskAttemptId(),
-                                    "stage_attempt": ctx.stageAttemptNumber()})
+                             extra={"query_id": query_id, "batch_id": batch, "task_attempt_id": ctx.taskAttemptId()})
         message = write_partition(iterator, self.options, self.plan, ident, self.cluster_id, input_end=how_input_ended)
         message.query_id = query_id
         return message
