@@ -3,8 +3,8 @@ exactly_once micro-batch, each against Spark's own ``format("kafka")``. Part of 
 
     .venv/bin/python -m bench.fixed_cost       # FIXED_REPS=6 FIXED_FIRST_REPS=2 FIXED_MICRO_BATCHES=12
 
-Beside Spark's sink, ``python_noop`` is a Python DataSource whose writer only reads its input: the floor any
-Python sink pays (Spark starts its Python workers for the lookup, the planning, the tasks and the commit).
+Beside Spark's sink, ``python_noop`` is bench.floor's Python DataSource whose writer only reads its input: the
+floor any Python sink pays (Spark starts its Python workers for the lookup, the planning, the tasks and the commit).
 
 * ``first_write``: a new driver process (its own SparkSession) writes 4 rows; the write call's wall time.
 * ``small_write``: 4 rows into a 1-partition DataFrame in a warm session; the median write call.
@@ -24,12 +24,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceWriter, WriterCommitMessage
-
+from bench.floor import PythonFloor
 from testing.kafka_local import REPO, KafkaCluster
 from testing.spark import local_spark, python_env
 
@@ -45,34 +43,16 @@ CASES: dict[str, dict[str, str]] = {
 }
 
 
-class _NoopWriter(DataSourceArrowWriter):
-    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        for _ in iterator:
-            pass
-        return WriterCommitMessage()
-
-
-class NoopSink(DataSource):
-    """A Python DataSource that writes nothing: what Spark's Python data source machinery costs by itself."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "bench_python_noop"
-
-    def writer(self, schema: Any, overwrite: bool) -> DataSourceWriter:
-        return _NoopWriter()
-
-
 def _register(spark: Any) -> None:
     from recoverable_sink import RecoverableKafkaDataSource
 
     spark.dataSource.register(RecoverableKafkaDataSource)
-    spark.dataSource.register(NoopSink)
+    spark.dataSource.register(PythonFloor)
 
 
 def _writer(df: Any, case: str, bootstrap: str, topic: str, wal: str) -> Any:
     if case == "python_noop":
-        return df.write.format("bench_python_noop").mode("append")
+        return df.write.format("python_floor").mode("append")
     if case == "spark_kafka":
         return df.write.format("kafka").mode("append").option("kafka.bootstrap.servers", bootstrap) \
             .option("topic", topic)
