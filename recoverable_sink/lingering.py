@@ -25,7 +25,6 @@ TRANSACTION_LOG = "__transaction_state"
 # The coordinator's transaction states, as stored in its log (TransactionLogValue's status byte).
 STATES = {0: "Empty", 1: "Ongoing", 2: "PrepareCommit", 3: "PrepareAbort", 4: "CompleteCommit",
           5: "CompleteAbort", 6: "Dead", 7: "PrepareEpochFence"}
-OPEN_STATES = frozenset({"Ongoing", "PrepareCommit", "PrepareAbort", "PrepareEpochFence"})
 
 
 @dataclass(frozen=True)
@@ -37,10 +36,6 @@ class TransactionStatus:
     timeout_ms: int
     started_ms: int | None = None  # when the current transaction began (epoch ms), where the record says
     updated_ms: int | None = None
-
-    @property
-    def open(self) -> bool:
-        return self.state in OPEN_STATES
 
     def age_s(self, now_ms: int) -> float | None:
         return None if self.started_ms is None or self.started_ms < 0 else (now_ms - self.started_ms) / 1000

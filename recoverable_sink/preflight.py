@@ -251,7 +251,6 @@ def check_transactions(options: SinkOptions) -> None:
     """For delivery.guarantee=exactly_once: the brokers run transactions, this principal may use the sink's
     transactional ids and marker groups, and kafka.transaction.timeout.ms is within the brokers' maximum.
     Each is an OptionError naming what to change, raised before any task starts."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     from recoverable_sink.delivery import wait_for_broker
@@ -293,23 +292,15 @@ def check_transactions(options: SinkOptions) -> None:
             raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
     finally:
         _close_quietly(producer, options)
-    # A coordinator that is still loading (COORDINATOR_LOAD_IN_PROGRESS on a freshly started broker) or moving
-    # answers with a retriable error: asked again, as the tasks' marker reads do, within preflight.timeoutMs.
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(probe)],
-                                              request_timeout=timeout_s)[probe].result()
-            return
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                return
-            if err.retriable() and time.monotonic() < deadline:
-                time.sleep(0.2)
-                continue
-            problem = transaction_problem(err, "reading the commit marker group", probe)
-            raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
+    # The tasks' marker read, retries and all: a coordinator still loading (COORDINATOR_LOAD_IN_PROGRESS on a
+    # freshly started broker) is asked again within preflight.timeoutMs.
+    from recoverable_sink.transactions import group_offsets
+
+    try:
+        group_offsets(admin, probe, timeout_s, request_timeout_s=timeout_s)
+    except KafkaException as exc:
+        problem = transaction_problem(exc.args[0], "reading the commit marker group", probe)
+        raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
 
 
 def _fit_column_topics(options: SinkOptions) -> SinkOptions:

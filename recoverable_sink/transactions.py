@@ -200,24 +200,12 @@ class PartitionTransaction:
 
     def read_markers(self) -> list[dict]:
         """The markers committed in this partition's group (one per topic a marker was committed for)."""
-        admin = _admin(self.options)
-        request = ConsumerGroupTopicPartitions(self.txn_id)
-        deadline = time.monotonic() + _init_timeout_s(self.options)
-        while True:
-            try:
-                result = admin.list_consumer_group_offsets([request], require_stable=True,
-                                                           request_timeout=30)[self.txn_id].result()
-                break
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                    return []
-                if err.retriable() and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                raise self._fail(exc, "reading the commit marker") from None
+        try:
+            offsets = group_offsets(_admin(self.options), self.txn_id, _init_timeout_s(self.options))
+        except KafkaException as exc:
+            raise self._fail(exc, "reading the commit marker") from None
         markers = []
-        for tp in result.topic_partitions or []:
+        for tp in offsets:
             if tp.offset >= 0:
                 try:
                     markers.append(json.loads(tp.metadata or "{}"))
@@ -277,6 +265,26 @@ class PartitionTransaction:
             except (KafkaException, RuntimeError):
                 pass
             self.producer = None
+
+
+def group_offsets(admin: AdminClient, group: str, timeout_s: float,
+                  request_timeout_s: float = 30.0) -> list[TopicPartition]:
+    """A marker group's committed offsets, waiting for pending transactional ones (``require_stable``); empty if
+    the group does not exist. Retriable errors (a coordinator loading or moving) are asked again until
+    ``timeout_s``; any other error is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], require_stable=True,
+                                                       request_timeout=request_timeout_s)[group].result()
+            return list(result.topic_partitions or [])
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                return []
+            if not (err.retriable() and time.monotonic() < deadline):
+                raise
+            time.sleep(0.2)
 
 
 def delete_markers(options: SinkOptions, groups: list[str]) -> int:

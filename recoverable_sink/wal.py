@@ -19,6 +19,7 @@ proof of delivery until the write is certainly committed (see :meth:`Wal.sweep`)
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import resource
@@ -415,11 +416,10 @@ class Wal:
         return freed
 
     def sweep(self, retention_s: float, now: float | None = None) -> SweepResult:
-        """Remove ``done`` attempts older than ``retention_s`` that hold no unacknowledged record (proof of
-        delivery only). An attempt that is not ``done`` may still be running (a task can wait longer than the
-        retention for its first batch) or be what a retry or re-run of an unfinished write needs: it is never
-        removed automatically, nor is one holding records Kafka never acknowledged; those are counted and
-        logged."""
+        """Remove attempts older than ``retention_s`` that hold no unacknowledged record (proof of delivery
+        only) and are finished, or whose process is known to be gone. One that is not finished while its process
+        may still run it is kept (a task can wait longer than the retention for its first batch), and so is one
+        holding records Kafka never acknowledged; those are counted and logged."""
         now = time.time() if now is None else now
         old = [a for a in self.attempts() if now - a.created > retention_s]
         if not old:
@@ -791,6 +791,7 @@ def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
     return len(stale)
 
 
+@functools.cache
 def _boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
