@@ -1,20 +1,27 @@
-"""What the scenarios share: the brokers, one local[2,4] SparkSession, a work directory and small helpers."""
+"""What the scenarios share: the brokers, one local[2,4] SparkSession, a work directory and small helpers
+(processes to kill, fault points to wait for, a write with a fault injected beside it)."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaException
+
+from testing.kafka_check import count_topic
 from testing.kafka_local import REPO, KafkaCluster
 from testing.spark import python_env, sink_writer
+from testing.waiting import wait_until
 
 
 @dataclass
@@ -110,3 +117,110 @@ def ancestor_with(pid: int, needle: str) -> int | None:
             return pid
         pid = int(stat.rsplit(")", 1)[1].split()[1])
     return None
+
+
+def python_workers(wal_dir: Path) -> list[int]:
+    """Spark Python workers (children of a pyspark.daemon) that have this WAL's data file open: the ones
+    writing this trial's partitions, not idle reused workers."""
+    target = str(wal_dir / "data.mdb")
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if b"pyspark.daemon" not in (entry / "cmdline").read_bytes():
+                continue
+            if any(os.readlink(fd) == target for fd in (entry / "fd").iterdir()):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def short_error(exc: BaseException) -> str:
+    """The sink's own message out of a Spark/Py4J exception (the first line naming recoverable_sink)."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "recoverable_sink.errors." in line or "Error:" in line and "recoverable" in line:
+            return line.strip()[:400]
+    return text.splitlines()[0][:400] if text else type(exc).__name__
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    """The ``recoverable-kafka-wal`` command line, run from the repository."""
+    return subprocess.run([sys.executable, "-m", "recoverable_sink.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def landed(bootstrap: str, topic: str) -> int:
+    """Records in the topic so far, for waiting on a fault point: -1 while a leader does not answer (a broker
+    just restarted by an earlier trial), which only means "not yet"."""
+    try:
+        return count_topic(bootstrap, topic)
+    except KafkaException:
+        return -1
+
+
+def wait_for_records(bootstrap: str, topic: str, target: float, done: threading.Event) -> None:
+    """Block until the topic holds ``target`` records or the write is over."""
+    wait_until(lambda: done.is_set() or landed(bootstrap, topic) >= target, 300,
+               "the write to reach the fault point", every_s=0.01)
+
+
+def write_with_fault(trial: Trial, fault: Callable[[threading.Event], None],
+                     write: Callable[[], dict]) -> dict | None:
+    """Run ``write`` on this thread (Spark finds a registered Python data source through the calling thread's
+    active session) while ``fault`` waits for its moment on another; errors go into the trial."""
+    done = threading.Event()
+    fault_errors: list[BaseException] = []
+
+    def guarded() -> None:
+        try:
+            fault(done)
+        except BaseException as exc:  # noqa: BLE001
+            fault_errors.append(exc)
+
+    injector = threading.Thread(target=guarded, daemon=True)
+    injector.start()
+    summary = None
+    try:
+        summary = write()
+    except Exception as exc:  # noqa: BLE001
+        trial.errors.append(short_error(exc))
+    finally:
+        done.set()
+        injector.join(300)
+    if fault_errors:
+        trial.errors.append(f"fault injection failed: {fault_errors[0]}")
+        trial.passed = False
+    return summary
+
+
+def random_fault_setup(lab: Lab, rng: random.Random, n: int, name: str, partitions: int,
+                       cluster: KafkaCluster | None = None,
+                       replication: int | None = 1) -> tuple[Path, str, Any, list[str], float]:
+    """Work dir, topic, 3n records and a random fault point between 10% and 60% of them."""
+    cluster = cluster or lab.kafka
+    d = lab.dir(name)
+    topic = cluster.create_topic(f"chaos-{os.urandom(5).hex()}", 4, replication)
+    df, ids = lab.records(3 * n, partitions)
+    return d, topic, df, ids, rng.uniform(0.1, 0.6) * len(ids)
+
+
+def write_through_broker_death(lab: Lab, d: Path, topic: str, df: Any, target: float, notes: dict[str, object],
+                               **options: str) -> tuple[Trial, dict | None]:
+    """Write while the broker is SIGKILLed once ``target`` records landed; restart it when the write is over."""
+
+    def fault(done: threading.Event) -> None:
+        wait_for_records(lab.kafka.bootstrap_servers, topic, target, done)
+        notes["mid_write"] = not done.is_set()
+        lab.kafka.kill_broker(1)
+
+    trial = Trial(notes=notes)
+    try:
+        summary = write_with_fault(trial, fault, lambda: lab.write(
+            df, lab.kafka.bootstrap_servers, topic, d / "wal", d / "summary.jsonl",
+            **{"kafka.request.timeout.ms": "3000", **options}))
+    finally:
+        lab.kafka.start_broker(1)
+    return trial, summary

@@ -4,6 +4,7 @@ brokers and real Spark; results in build/chaos/results.json and a markdown table
     make chaos                              # CHAOS_TRIALS=3 CHAOS_ROWS=40000 CHAOS_SEED=<time>
     CHAOS_ONLY=3,4 make chaos               # some scenarios only (by number)
     CHAOS_MODES=exactly_once make chaos     # one delivery.guarantee only (default: both)
+    python -m testing.chaos.run --list      # the scenarios (number, name, modes), without running any
 
 Under exactly_once every scenario is strict, counted by a read_committed consumer; what a read_uncommitted
 consumer sees is reported in each trial's details.
@@ -11,6 +12,7 @@ consumer sees is reported in each trial's details.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -68,7 +70,18 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def listing() -> str:
+    """Every scenario of the registry, in campaign order: number, name, delivery guarantees."""
+    return "\n".join(f"{s.id}\t{s.title}\t{','.join(s.modes)}" for s in SCENARIOS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m testing.chaos.run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--list", action="store_true", help="print the scenarios and exit, running none")
+    if parser.parse_args(argv).list:
+        print(listing())
+        return 0
     logging.basicConfig(level=logging.WARNING)
     trials = int(os.environ.get("CHAOS_TRIALS", "3"))
     rows = int(os.environ.get("CHAOS_ROWS", "40000"))

@@ -1,6 +1,12 @@
-"""Fault scenarios of one family: failures on the JVM side of the sink's stage, upstream of its Python writer,
-which end the writer's input early at an Arrow batch boundary; and a long exactly_once stream whose broker
-state is counted. Batch scenarios run in the lab's SparkSession, streams in a driver of their own."""
+"""Fault family: failures upstream of the sink's Python writer, on the JVM side of its stage or in a Python UDF,
+which end the writer's input early at an Arrow batch boundary: one task failing in every attempt, then a re-run
+under the same wal.writeId (17); every task's first attempt failing (18); a stream's micro-batch failing in
+every attempt, then restarted with a transient failure (19). Batch scenarios run in the lab's SparkSession,
+streams in a driver of their own.
+
+A read_committed reader must see nothing of the failed task or micro-batch under exactly_once, no record from
+past the failing row in either mode, and every record exactly once after the re-run, retries or restart.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,6 @@ from typing import Any
 
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import Lab, Trial, python_subprocess
-from testing.kafka_check import consumer_groups, transactional_ids
 
 
 def _records(lab: Lab, n: int, partitions: int, prefix: str, fail_at: int | None = None,
@@ -99,7 +104,9 @@ def transient_upstream_failure(lab: Lab, rng: random.Random, n: int) -> Trial:
     return trial
 
 
-def _stream(lab: Lab, d: Path, topic: str, files: int, per_file: int, *extra: str) -> list[str]:
+def file_stream_args(lab: Lab, d: Path, topic: str, files: int, per_file: int, *extra: str) -> list[str]:
+    """Write ``files`` JSON input files (once) and return the arguments of a testing.stream_job reading one of
+    them per micro-batch; ids 0..files*per_file-1."""
     source = d / "in"
     source.mkdir(exist_ok=True)
     for f in range(files):
@@ -121,7 +128,7 @@ def stream_upstream_failures(lab: Lab, rng: random.Random, n: int) -> Trial:
     total = files * per_file
     fail_at, flaky_at = rng.randrange(total), rng.randrange(total)
     trial = Trial(notes={"fail_at_id": fail_at, "flaky_at_id": flaky_at})
-    args = _stream(lab, d, topic, files, per_file)
+    args = file_stream_args(lab, d, topic, files, per_file)
     first = python_subprocess([*args, "--fail-at-id", str(fail_at)], d / "first.log")
     if first.wait(600) == 0:
         trial.errors.append("the query succeeded although a micro-batch failed in every attempt")
@@ -138,35 +145,6 @@ def stream_upstream_failures(lab: Lab, rng: random.Random, n: int) -> Trial:
         trial.errors.append((d / "second.log").read_text()[-600:])
         trial.passed = False
         return trial
-    found = ids_in_topic(lab.kafka.bootstrap_servers, topic, expected=total)
-    trial.lost, trial.duplicated, unexpected = verdict([str(i) for i in range(total)], found)
-    trial.records_expected = total
-    trial.passed = trial.passed and trial.lost == 0 and trial.duplicated == 0 and not unexpected
-    return trial
-
-
-def long_stream_broker_state(lab: Lab, rng: random.Random, n: int) -> Trial:
-    """exactly_once: a query of 200 micro-batches over 4 partitions. The brokers keep at most 2 x 4 of its
-    transactional ids and of its marker groups, whatever the query's length; every record once."""
-    d, topic, partitions, batches = lab.dir("long-stream"), lab.topic(4), 4, 200
-    per_file = max(8, n // 400)
-    prefix = f"long-{uuid.uuid4().hex[:8]}-"
-    args = _stream(lab, d, topic, batches, per_file, "--repartition", str(partitions),
-                   "--option", f"transactional.id.prefix={prefix}")
-    job = python_subprocess(args, d / "job.log")
-    trial = Trial(notes={"micro_batches": batches})
-    if job.wait(1800) != 0:
-        trial.errors.append((d / "job.log").read_text()[-600:])
-        trial.passed = False
-        return trial
-    ids = transactional_ids(lab.kafka.bootstrap_servers, prefix) - {f"{prefix}preflight"}
-    groups = consumer_groups(lab.kafka.bootstrap_servers, prefix)
-    trial.notes.update(transactional_ids=len(ids), marker_groups=len(groups))
-    if len(ids) > 2 * partitions or len(groups) > 2 * partitions:
-        trial.errors.append(f"{len(ids)} transactional ids and {len(groups)} marker groups after {batches} "
-                            f"micro-batches of {partitions} partitions")
-        trial.passed = False
-    total = batches * per_file
     found = ids_in_topic(lab.kafka.bootstrap_servers, topic, expected=total)
     trial.lost, trial.duplicated, unexpected = verdict([str(i) for i in range(total)], found)
     trial.records_expected = total
