@@ -30,24 +30,15 @@ import logging
 import os
 import sys
 import time
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import TextIO
 
 from recoverable_sink._logging import configure, get_logger
-from recoverable_sink.delivery import (
-    DeliveryTracker,
-    SinkProducer,
-    delivery_timeout_s,
-    producers,
-    send_batch,
-    wait_for_acks,
-)
-from recoverable_sink.errors import DeliveryError, RecoverableSinkError
-from recoverable_sink.identity import split
-from recoverable_sink.options import is_sensitive, parse_options
-from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal
+from recoverable_sink.errors import RecoverableSinkError
+from recoverable_sink.options import is_sensitive
+from recoverable_sink.replay import ReplayCounts, replay_write
+from recoverable_sink.wal import AttemptInfo, Wal, open_wal
 
 log = get_logger("cli")
 
@@ -117,73 +108,6 @@ class Progress:
         elif now - self._last >= 10.0 or done >= total:
             self._last = now
             log.info("%s: %d of %d records (%.0f%%)", self.label, done, total, 100 * share)
-
-
-@dataclass
-class ReplayCounts:
-    records: int = 0  # records the chosen attempt logged
-    sent: int = 0  # sent by this replay
-    already_delivered: int = 0  # acknowledged to some attempt before
-
-
-class NotFullyLogged(RecoverableSinkError):
-    """A partition's input never fully reached this WAL; replaying it would leave a hole."""
-
-
-def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str],
-                     producer: SinkProducer | None = None,
-                     progress: Callable[[int, int], None] | None = None) -> ReplayCounts:
-    """Finish one partition from the newest attempt that logged its whole input: send what that attempt logged
-    and no attempt got acknowledged (later attempts' acknowledgements count too, by record digest)."""
-    chosen = next((i for i in range(len(attempts) - 1, -1, -1) if attempts[i].state in (LOGGED, DONE)), None)
-    if chosen is None:
-        a = attempts[-1]
-        raise NotFullyLogged(
-            f"partition {a.partition} of write {a.write_id}: no attempt logged its whole input here "
-            f"({len(attempts)} partial attempt(s)); replaying would leave a hole. Re-run the write with "
-            f".option('wal.writeId', '{a.write_id}') instead: it sends only what was never acknowledged"
-        )
-    attempt, later = attempts[chosen], attempts[chosen + 1:]
-    if any(a.extra.get("guarantee") == "exactly_once" for a in attempts):
-        # Its acknowledgements may belong to an aborted transaction, and a replay outside the partition's
-        # transactional id would not be fenced nor leave a marker.
-        raise NotFullyLogged(
-            f"partition {attempt.partition} of write {attempt.write_id} was written with "
-            "delivery.guarantee=exactly_once: replay cannot keep that promise; re-run the write with "
-            f".option('wal.writeId', '{attempt.write_id}') and the same transactional.id.prefix instead"
-        )
-    options = parse_options(kafka)
-    total = wal.record_count(attempt.key) if progress is not None else 0
-    producer = producer if producer is not None else producers.get(options)
-    acked_later = wal.delivered(later)
-    counts = ReplayCounts()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    topic = attempt.extra.get("topic")
-    for seg in wal.segments(attempt.key):
-        counts.records += seg.count
-        if seg.batch is None:  # every record acknowledged
-            counts.already_delivered += seg.count
-            if progress is not None:
-                progress(counts.records, total)
-            continue
-        matched = acked_later.take(d for d, a in zip(split(seg.digests), seg.acked, strict=True) if not a)
-        it = iter(matched.skip)
-        skip = [bool(a) or next(it) for a in seg.acked]
-        sent = send_batch(producer, seg.batch, topic if isinstance(topic, str) else None, seg.first, skip,
-                          tracker, options.scrub)
-        counts.sent += sent
-        counts.already_delivered += seg.count - sent
-        wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)
-        wal.save_acks(attempt.key, tracker.take_dirty())
-        if progress is not None:
-            progress(counts.records, total)
-    if tracker.failed or tracker.outstanding:
-        raise DeliveryError(f"replay of partition {attempt.partition} of write {attempt.write_id}: "
-                            f"{options.scrub(tracker.first_error() or 'records unacknowledged')}; "
-                            "the WAL keeps them, run replay again")
-    wal.finish(attempt.key, [a.key for a in attempts if a.key != attempt.key])
-    return counts
 
 
 def _client_arguments(p: argparse.ArgumentParser) -> None:
@@ -380,32 +304,21 @@ def _transactions(args: argparse.Namespace) -> int:
 
 def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> int:
     kafka = producer_settings(args, dict(os.environ))
-    by_partition: dict[int, list[AttemptInfo]] = defaultdict(list)
-    for a in attempts:
-        by_partition[a.partition].append(a)
-    total = ReplayCounts()
-    refused: list[str] = []
-    for partition in sorted(by_partition):
-        try:
-            counts = replay_partition(wal, by_partition[partition], kafka,
-                                      progress=Progress(f"write {args.write_id} partition {partition}"))
-        except NotFullyLogged as exc:
-            refused.append(str(exc))
-            continue
+
+    def replayed(partition: int, counts: ReplayCounts) -> None:
         log.info("write %s partition %d: %s", args.write_id, partition, asdict(counts))
-        for k, v in asdict(counts).items():
-            setattr(total, k, getattr(total, k) + v)
-    missing = sorted(set(range(args.partitions)) - set(by_partition)) if args.partitions else []
-    if missing:
-        refused.append(f"partitions {missing} of write {args.write_id} are not in {wal.path}: they ran on another "
-                       "host or never started; re-run the write with the same wal.writeId")
-    report = {"write_id": args.write_id, "partitions": len(by_partition), **asdict(total), "refused": refused}
+
+    result = replay_write(wal, args.write_id, attempts, kafka, expected_partitions=args.partitions,
+                          progress=lambda partition: Progress(f"write {args.write_id} partition {partition}"),
+                          on_partition=replayed)
+    total, refused = result.total, result.refused
+    report = {"write_id": args.write_id, "partitions": result.partitions, **asdict(total), "refused": refused}
     if args.json:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
-        sys.stdout.write(f"write {args.write_id}: {len(by_partition)} partition(s) here, {total.sent} records sent, "
+        sys.stdout.write(f"write {args.write_id}: {result.partitions} partition(s) here, {total.sent} records sent, "
                          f"{total.already_delivered} already delivered, {len(refused)} partition(s) refused\n")
-    if not by_partition:
+    if not result.partitions:
         log.warning("no attempt of write %s in %s: nothing to replay on this host", args.write_id, wal.path)
     for problem in refused:
         log.error("%s", problem)

@@ -13,10 +13,12 @@ import zlib
 import pyarrow as pa
 import pytest
 
-from recoverable_sink import wal as wal_module
 from recoverable_sink.errors import WalCorruptionError, WalError, WalFullError
 from recoverable_sink.identity import record_digests
-from recoverable_sink.wal import DONE, _encode_segment, _segment_value, close_wals, open_wal
+from recoverable_sink.wal import DONE, close_wals, open_wal
+from recoverable_sink.wal import env as wal_env
+from recoverable_sink.wal import format as wal_format
+from recoverable_sink.wal.format import encode_segment, segment_value
 
 
 def batch(values, keys=None):
@@ -175,22 +177,22 @@ def test_a_segment_built_in_place_has_the_bytes_of_the_stream_wrapped_afterwards
     """The on-disk format is unchanged by building the segment in one buffer: a WAL written by an earlier
     release reads the same, and this one's the same for it."""
     digests = record_digests(b, "t", "c")
-    value, payload_len = _segment_value(77, digests, b)
+    value, payload_len = segment_value(77, digests, b)
     payload = ipc_stream(b)
     assert payload_len == len(payload)
-    assert value.to_pybytes() == _encode_segment(77, digests, payload, 0)
+    assert value.to_pybytes() == encode_segment(77, digests, payload, 0)
 
 
 def test_segment_checksums_are_zlibs_crc32_whichever_implementation_computed_them():
     """The WAL checksums with zlib-ng where installed and zlib where not (--py-files): a WAL written by
     one must read under the other, so the header holds zlib's CRC32 of the rest of the segment."""
     b = batch([b"x" * 5000, b"", None], keys=[b"k", None, b""])
-    value = _segment_value(9, record_digests(b, "t", "c"), b)[0].to_pybytes()
-    size = wal_module._SEG_HEADER.size
-    count, first, payload_len, flags = wal_module._SEG_HEADER.unpack_from(value)[2:]
-    assert wal_module._SEG_HEADER.unpack_from(value)[1] == \
+    value = segment_value(9, record_digests(b, "t", "c"), b)[0].to_pybytes()
+    size = wal_format.SEG_HEADER.size
+    count, first, payload_len, flags = wal_format.SEG_HEADER.unpack_from(value)[2:]
+    assert wal_format.SEG_HEADER.unpack_from(value)[1] == \
         zlib.crc32(value[size:], zlib.crc32(struct.pack("<IQQI", count, first, payload_len, flags)))
-    assert wal_module.crc32.__module__.startswith("zlib_ng"), "make setup installs zlib-ng: a quiet fallback?"
+    assert wal_format.crc32.__module__.startswith("zlib_ng"), "make setup installs zlib-ng: a quiet fallback?"
 
 
 def test_compaction_by_the_appending_handle_stores_what_a_fresh_handle_would(wal_dir):
@@ -205,7 +207,7 @@ def test_compaction_by_the_appending_handle_stores_what_a_fresh_handle_would(wal
     open_wal(wal_dir).save_acks(other, {5: bytearray(b"\x01" * 3)})
     with wal.env.begin() as txn:
         stored = [bytes(txn.get(b"s/%s/%012d" % (k.encode(), 5))) for k in (own, other)]
-    assert stored[0] == stored[1] == _encode_segment(5, record_digests(b, "t", "c"), b"", 1)
+    assert stored[0] == stored[1] == encode_segment(5, record_digests(b, "t", "c"), b"", 1)
     assert wal.used_bytes() == 0 == wal.stats().payload_bytes
     wal.save_acks(own, {5: bytearray(b"\x01" * 3)})  # told twice: nothing more to free, nothing goes negative
     assert wal.used_bytes() == 0 and next(wal.segments(own)).batch is None
@@ -333,10 +335,8 @@ def test_record_count_reads_the_segment_headers(wal_dir):
 def test_the_map_starts_small_and_doubles_when_full_up_to_its_limit(wal_dir, monkeypatch):
     """Under an address-space cap the map reserves little until the WAL needs it; past the limit a write fails
     with WalFullError and the WAL keeps what it had."""
-    from recoverable_sink import wal as wal_module
-
-    monkeypatch.setattr(wal_module, "_MIN_MAP_SIZE", 1 << 20)
-    monkeypatch.setattr(wal_module, "map_size", lambda: 8 << 20)
+    monkeypatch.setattr(wal_env, "_MIN_MAP_SIZE", 1 << 20)
+    monkeypatch.setattr(wal_env, "map_size", lambda: 8 << 20)
     wal = open_wal(wal_dir)
     assert wal.env.info()["map_size"] == 1 << 20
     key = wal.begin_attempt("w", 0, 0, {})
@@ -354,9 +354,7 @@ def test_the_map_starts_small_and_doubles_when_full_up_to_its_limit(wal_dir, mon
 def test_a_map_grown_by_another_process_is_adopted(wal_dir, monkeypatch):
     """Python workers share one WAL: when another one grows the map past this process's, LMDB says so
     (MDB_MAP_RESIZED) and this process takes the new size instead of failing."""
-    from recoverable_sink import wal as wal_module
-
-    monkeypatch.setattr(wal_module, "_MIN_MAP_SIZE", 1 << 20)
+    monkeypatch.setattr(wal_env, "_MIN_MAP_SIZE", 1 << 20)
     wal = open_wal(wal_dir)
     key = wal.begin_attempt("w", 0, 0, {})
     append(wal, key, 0, batch([b"small"]))
@@ -365,8 +363,9 @@ def test_a_map_grown_by_another_process_is_adopted(wal_dir, monkeypatch):
         "import os, sys\n"
         "import pyarrow as pa\n"
         "from recoverable_sink import wal as w\n"
+        "from recoverable_sink.wal import env\n"
         "from recoverable_sink.identity import record_digests\n"
-        "w._MIN_MAP_SIZE = 1 << 20\n"
+        "env._MIN_MAP_SIZE = 1 << 20\n"
         "wal = w.open_wal(sys.argv[1])\n"
         "key = wal.begin_attempt('other', 0, 0, {})\n"
         "for i in range(6):\n"

@@ -1,0 +1,31 @@
+"""The executor-local write-ahead log: one LMDB environment per ``wal.path``, shared by the Python workers
+of the executors on a host (LMDB serialises their write transactions across processes).
+
+This package re-exports what the sink, the CLI and the tests use; its modules each have one job:
+:mod:`.format` the bytes and key layout, :mod:`.env` the LMDB environments, :mod:`.store` an attempt's reads
+and writes (:class:`Wal`), :mod:`.retention` which logs may go.
+"""
+
+from __future__ import annotations
+
+from recoverable_sink.wal.env import close_wal, close_wals, map_size
+from recoverable_sink.wal.format import DONE, LOGGED, OPEN, AttemptInfo, Segment
+from recoverable_sink.wal.retention import SweepResult, release_committed_batches, sweep_now_and_then
+from recoverable_sink.wal.store import Wal, WalStats, open_wal
+
+__all__ = [
+    "DONE",
+    "LOGGED",
+    "OPEN",
+    "AttemptInfo",
+    "Segment",
+    "SweepResult",
+    "Wal",
+    "WalStats",
+    "close_wal",
+    "close_wals",
+    "map_size",
+    "open_wal",
+    "release_committed_batches",
+    "sweep_now_and_then",
+]

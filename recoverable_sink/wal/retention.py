@@ -1,0 +1,111 @@
+"""Retention: which attempt logs may go. The sweep of old attempts that hold only proof of delivery (with the
+liveness of the process that began each one), and the release of committed micro-batches' logs."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, NamedTuple
+
+from recoverable_sink._logging import get_logger
+from recoverable_sink.wal.format import DONE
+
+if TYPE_CHECKING:
+    from recoverable_sink.wal.store import Wal
+
+log = get_logger("wal")
+
+_SWEEP_EVERY_S = 600.0
+_last_sweep: dict[str, float] = {}
+
+
+class SweepResult(NamedTuple):
+    removed: int  # attempts that held only proof of delivery
+    kept: int  # old attempts kept: not finished, or holding records Kafka never acknowledged
+
+
+def sweep(wal: Wal, retention_s: float, now: float | None = None) -> SweepResult:
+    """Remove attempts older than ``retention_s`` that hold no unacknowledged record (proof of delivery
+    only) and are finished, or whose process is known to be gone. One that is not finished while its process
+    may still run it is kept (a task can wait longer than the retention for its first batch), and so is one
+    holding records Kafka never acknowledged; those are counted and logged."""
+    now = time.time() if now is None else now
+    old = [a for a in wal.attempts() if now - a.created > retention_s]
+    if not old:
+        return SweepResult(0, 0)
+    # Not finished: kept while its process may still run it; once that process is gone it is a failed
+    # attempt's proof of delivery, kept for the retention like a finished one's.
+    unfinished = {a.key for a in old if a.state != DONE and _alive(a.extra.get("owner"))}
+    holding = wal.holding_payload([a.key for a in old if a.key not in unfinished])
+    kept = [a for a in old if a.key in unfinished or a.key in holding]
+    removable = [a for a in old if a.key not in unfinished and a.key not in holding]
+    wal.purge([a.key for a in removable])
+    if removable:
+        log.info("WAL %s: removed %d finished attempt log(s) older than wal.retentionHours=%g that held only "
+                 "proof of delivery", wal.path, len(removable), retention_s / 3600)
+    if kept:
+        log.warning("WAL %s: %d attempt log(s) older than wal.retentionHours=%g are kept because they are not "
+                    "finished (still running, or of a write that failed) or hold records Kafka never "
+                    "acknowledged (writes %s): finish a failed write by re-running it with its wal.writeId or "
+                    "with `recoverable-kafka-wal replay`, or purge it", wal.path, len(kept), retention_s / 3600,
+                    sorted({a.write_id for a in kept}))
+    return SweepResult(removed=len(removable), kept=len(kept))
+
+
+def sweep_now_and_then(wal: Wal, retention_s: float) -> None:
+    """Run :meth:`Wal.sweep` at most every 10 minutes per WAL and process (tasks call this as they start)."""
+    now = time.time()
+    if now - _last_sweep.get(wal.path, 0.0) < _SWEEP_EVERY_S:
+        return
+    _last_sweep[wal.path] = now
+    wal.sweep(retention_s, now)
+
+
+def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
+    """Remove the logs of micro-batches of ``query_id`` before ``batch_id``: Spark starts a batch only after
+    every earlier one is in the query's commit log, so their proof of delivery is no longer needed (and any
+    payload left by a failed attempt was delivered by the attempt that succeeded). Returns attempts removed."""
+    stale = [a.key for a in wal.attempts(f"{query_id}-b")
+             if a.extra.get("query_id") == query_id and int(str(a.extra.get("batch_id", batch_id))) < batch_id]
+    if stale:
+        freed = wal.purge(stale)
+        log.debug("WAL %s: released %d attempt log(s) of committed micro-batches of query %s (%d payload bytes)",
+                  wal.path, len(stale), query_id, freed)
+    return len(stale)
+
+
+# ---- the process that began an attempt ------------------------------------------------------------------
+@functools.cache
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot), which tells it from a later process with its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def this_process() -> dict[str, object]:
+    """Who begins an attempt, as its metadata records it (``owner``): host, boot, pid and its start time."""
+    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def _alive(owner: object) -> bool:
+    """Whether the process that began an attempt may still run: yes unless it is known to be gone (same host
+    and boot, and no process with its pid and start time). An attempt written before owners were recorded
+    counts as gone."""
+    if not isinstance(owner, dict):
+        return False
+    if owner.get("host") != socket.gethostname() or owner.get("boot") != _boot_id() or not owner.get("started"):
+        return True  # another host's or boot's process: not knowable from here, so kept
+    return _started(int(str(owner.get("pid")))) == owner.get("started")

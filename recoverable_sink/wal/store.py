@@ -1,0 +1,358 @@
+"""The attempt store: :class:`Wal`, an attempt's reads and writes in the log (begin, append with its
+acknowledgements, compaction of acknowledged segments, state changes, finish, purge, segments and counts)."""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import lmdb
+import pyarrow as pa
+
+from recoverable_sink.errors import WalError, WalFullError
+from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet
+from recoverable_sink.wal import retention
+from recoverable_sink.wal.env import Gate, Transactions, check_room, open_env
+from recoverable_sink.wal.format import (
+    ACKS,
+    ALL_ACKED,
+    DONE,
+    META,
+    OPEN,
+    SEGMENTS,
+    USAGE_KEY,
+    AttemptInfo,
+    Segment,
+    ack_key,
+    ack_key_of,
+    all_acked,
+    decode_attempt,
+    decode_segment,
+    encode_acks,
+    encode_meta,
+    encode_segment,
+    meta_key,
+    payload_len,
+    record_count,
+    segment_key,
+    segment_value,
+    segments_start,
+    with_state,
+)
+
+
+@dataclass(frozen=True)
+class WalStats:
+    """What ``Wal.stats`` finds: payload bytes by the usage counter and by a scan, and orphaned entries."""
+
+    used_bytes: int
+    payload_bytes: int
+    attempts: int
+    orphaned_entries: int
+
+
+class Wal(Transactions):
+    """The write-ahead log in one directory. Obtain it with :func:`open_wal`."""
+
+    def __init__(self, path: str, env: lmdb.Environment, gate: Gate | None = None) -> None:
+        super().__init__(path, env, gate)
+        # Segments this handle appended whose payload is still stored: segment key -> (digests, payload
+        # length). Compacting one of them needs neither to read back its payload nor to checksum it again.
+        self._appended: dict[bytes, tuple[bytes, int]] = {}
+
+    # ---- attempts -------------------------------------------------------------------------------------
+    def begin_attempt(self, write_id: str, partition: int, attempt: int, extra: dict[str, object]) -> str:
+        """Register a new attempt and return its path ``<write id>/<partition>/<attempt key>``.
+
+        The attempt key starts with the creation time so a prefix scan lists attempts oldest first, and
+        ends with a random part so a restarted application cannot collide with an old log."""
+        created = time.time()
+        key = f"{write_id}/{partition:06d}/{time.time_ns():020d}-{attempt:03d}-{uuid.uuid4().hex[:8]}"
+        meta = {**extra, "write_id": write_id, "partition": partition, "attempt": attempt,
+                "host": socket.gethostname(), "created": created, "state": OPEN, "owner": retention.this_process()}
+        self._write(lambda txn: txn.put(meta_key(key), encode_meta(meta)))
+        return key
+
+    def attempts(self, prefix: str = "") -> list[AttemptInfo]:
+        """Attempts whose path starts with ``prefix`` (``"<write id>/"``, ``"<write id>/<partition>/"``)."""
+        found: list[AttemptInfo] = []
+        start = meta_key(prefix)
+        with self._read() as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(start):
+                return found
+            for k, v in cursor:
+                if not k.startswith(start):
+                    break
+                found.append(decode_attempt(self.path, k, v))
+        return found
+
+    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
+        """What these attempts logged, and which of it Kafka acknowledged, as a multiset of record digests.
+        Digests include the cluster id and topic, so attempts towards another destination never match.
+        ``all_acknowledged``: every logged record counts (attempts whose Kafka transaction committed)."""
+        delivered = DeliveredSet()
+        for attempt in attempts:
+            for seg in self.segments(attempt.key, payload=False):
+                delivered.add(seg.digests, None if all_acknowledged else seg.acked)
+        return delivered
+
+    def prior_attempts(self, write_id: str, partition: int) -> list[AttemptInfo]:
+        """Every attempt of this write's partition logged here, oldest first (asked before a new one begins)."""
+        return self.attempts(f"{write_id}/{partition:06d}/")
+
+    def set_state(self, attempt_key: str, state: str, acks: dict[int, bytearray] | None = None) -> None:
+        """Move an attempt to ``logged`` or ``done``, with the acknowledgement bitmaps that changed."""
+        def body(txn: lmdb.Transaction) -> None:
+            self._put_acks(txn, attempt_key, acks or {})
+            self._set_state(txn, attempt_key, state)
+
+        self._write(body)
+        self._forget_compacted(attempt_key, acks or {})
+
+    def _require_attempt(self, txn: lmdb.Transaction, attempt_key: str) -> bytes:
+        raw = txn.get(meta_key(attempt_key))
+        if raw is None:
+            raise WalError(f"WAL {self.path}: attempt {attempt_key} is no longer in the log (purged while it ran?); "
+                           "this attempt stops before sending anything more, and its retry starts afresh")
+        return raw
+
+    def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: str) -> None:
+        txn.put(meta_key(attempt_key), with_state(self._require_attempt(txn, attempt_key), state))
+
+    # ---- writing --------------------------------------------------------------------------------------
+    def append(self, attempt_key: str, first: int, batch: pa.RecordBatch, digests: bytes, max_bytes: int,
+               acks: dict[int, bytearray]) -> int:
+        """Durably store one batch at positions [first, first + n), its records' digests, and the
+        acknowledgement bitmaps in ``acks`` (segment first position -> bitmap). Returns the payload's size.
+
+        Raises WalFullError, leaving the WAL as it was, when the payload would take the WAL past
+        ``max_bytes`` (payload of records Kafka has not acknowledged)."""
+        value, length = segment_value(first, digests, batch)
+        prefix = attempt_key.encode()
+        seg_key = segment_key(prefix, first)
+        check_room(self.path, value.size)
+
+        def body(txn: lmdb.Transaction) -> None:
+            self._require_attempt(txn, attempt_key)  # nothing of an attempt that is gone may enter the log
+            self._put_acks(txn, attempt_key, acks)  # may free bytes: fully acknowledged segments drop payload
+            used = int(txn.get(USAGE_KEY) or b"0")
+            if used + length > max_bytes:
+                raise WalFullError(
+                    f"WAL {self.path} holds {used} bytes not yet acknowledged by Kafka and the next batch of "
+                    f"{batch.num_rows} records ({length} bytes) would pass wal.maxBytes={max_bytes}; nothing "
+                    "was dropped: the records accepted so far stay in the WAL until Kafka acknowledges them. Raise "
+                    "wal.maxBytes, free the WAL of failed writes (`recoverable-kafka-wal list`), or use smaller "
+                    "Arrow batches (spark.sql.execution.arrow.maxRecordsPerBatch)"
+                )
+            txn.put(seg_key, value)
+            txn.put(ack_key(prefix, first), encode_acks(bytearray(batch.num_rows)))
+            txn.put(USAGE_KEY, str(used + length).encode())
+
+        self._write(body)
+        self._appended[seg_key] = (digests, length)
+        self._forget_compacted(attempt_key, acks)
+        return length
+
+    def save_acks(self, attempt_key: str, acks: dict[int, bytearray]) -> None:
+        """Durably store acknowledgement bitmaps (segment first position -> bitmap)."""
+        if acks:
+            def body(txn: lmdb.Transaction) -> None:
+                self._require_attempt(txn, attempt_key)
+                self._put_acks(txn, attempt_key, acks)
+
+            self._write(body)
+            self._forget_compacted(attempt_key, acks)
+
+    def _put_acks(self, txn: lmdb.Transaction, attempt_key: str, acks: dict[int, bytearray]) -> None:
+        prefix = attempt_key.encode()
+        freed = 0
+        for seg_first, bitmap in acks.items():
+            if 0 not in bitmap:
+                freed += self._compact(txn, segment_key(prefix, seg_first), bitmap)
+                txn.delete(ack_key(prefix, seg_first))
+            else:
+                txn.put(ack_key(prefix, seg_first), encode_acks(bitmap))
+        if freed:
+            self._release(txn, freed)
+
+    def _forget_compacted(self, attempt_key: str, acks: dict[int, bytearray]) -> None:
+        """After the commit: segments just rewritten as digests are no longer this handle's to compact."""
+        prefix = attempt_key.encode()
+        for seg_first, bitmap in acks.items():
+            if 0 not in bitmap:
+                self._appended.pop(segment_key(prefix, seg_first), None)
+
+    def _compact(self, txn: lmdb.Transaction, seg_key: bytes, acked: bytes | bytearray) -> int:
+        """Rewrite a segment as the digests of its acknowledged records alone; returns the payload bytes freed."""
+        known = self._appended.get(seg_key)
+        if known is not None and 0 not in acked:
+            # Appended by this handle, so its digests and size are known: only check that it is still there (a
+            # cursor finds the key without copying the value out of the map).
+            digests, length = known
+            if not txn.cursor().set_key(seg_key):
+                return 0
+            txn.put(seg_key, encode_segment(int(seg_key.rsplit(b"/", 1)[1]), digests, b"", ALL_ACKED))
+            return length
+        value = txn.get(seg_key)
+        if value is None:
+            return 0
+        seg = self._decode(seg_key, value, None, payload=False)
+        if 0 not in acked:
+            kept = seg.digests
+        else:
+            kept = b"".join(seg.digests[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE] for i in range(seg.count) if acked[i])
+        txn.put(seg_key, encode_segment(seg.first, kept, b"", ALL_ACKED))
+        return payload_len(value)
+
+    @staticmethod
+    def _release(txn: lmdb.Transaction, freed: int) -> None:
+        """Take ``freed`` payload bytes off the usage counter."""
+        used = int(txn.get(USAGE_KEY) or b"0")
+        txn.put(USAGE_KEY, str(max(0, used - freed)).encode())
+
+    def finish(self, attempt_key: str, superseded: list[str], dropped: list[str] | None = None) -> None:
+        """A successful attempt: mark it done; drop what the attempts it superseded still hold beyond the
+        digests of records Kafka acknowledged to them (its own records were all acknowledged), and delete the
+        ``dropped`` attempts altogether, in the same transaction."""
+        def body(txn: lmdb.Transaction) -> None:
+            freed = self._delete(txn, dropped or [])
+            for key in superseded:
+                for seg_key, ack, value in self._segment_entries(txn, key):
+                    if all_acked(value):
+                        continue
+                    seg = self._decode(seg_key, value, txn.get(ack), payload=False)
+                    freed += self._compact(txn, seg_key, seg.acked)
+                    txn.delete(ack)
+                if txn.get(meta_key(key)) is not None:
+                    self._set_state(txn, key, DONE)
+            self._set_state(txn, attempt_key, DONE)
+            if freed:
+                self._release(txn, freed)
+
+        self._write(body)
+
+    def purge(self, attempt_keys: list[str]) -> int:
+        """Delete attempts (metadata, segments, bitmaps) in one transaction; returns the payload bytes freed."""
+        if not attempt_keys:
+            return 0
+        freed = 0
+
+        def body(txn: lmdb.Transaction) -> None:
+            nonlocal freed
+            freed = self._delete(txn, attempt_keys)
+            self._release(txn, freed)
+
+        self._write(body)
+        return freed
+
+    def _delete(self, txn: lmdb.Transaction, attempt_keys: list[str]) -> int:
+        """Delete attempts' metadata, segments and bitmaps; returns the payload bytes freed (the caller
+        updates the usage counter)."""
+        freed = 0
+        for key in attempt_keys:
+            txn.delete(meta_key(key))
+            for seg_key, ack, value in self._segment_entries(txn, key):
+                freed += payload_len(value)
+                txn.delete(seg_key)
+                txn.delete(ack)
+        return freed
+
+    def sweep(self, retention_s: float, now: float | None = None) -> retention.SweepResult:
+        """Remove old attempts that hold only proof of delivery (see :func:`retention.sweep`)."""
+        return retention.sweep(self, retention_s, now)
+
+    def holding_payload(self, attempt_keys: list[str]) -> set[str]:
+        """Which of these attempts still hold a segment with records Kafka never acknowledged (one read)."""
+        with self._read() as txn:
+            return {key for key in attempt_keys
+                    if any(not all_acked(v) for _, _, v in self._segment_entries(txn, key))}
+
+    def used_bytes(self) -> int:
+        with self._read() as txn:
+            return int(txn.get(USAGE_KEY) or b"0")
+
+    def stats(self) -> WalStats:
+        """Recount what the WAL holds by scanning it: the payload bytes (against the usage counter) and the
+        segment or bitmap entries whose attempt has no metadata (orphans: never replayed, safe to purge)."""
+        attempts: set[bytes] = set()
+        payload = orphans = 0
+        with self._read() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(META):
+                for k in cursor.iternext(keys=True, values=False):
+                    if not k.startswith(META):
+                        break
+                    attempts.add(k[2:])
+            for kind in (ACKS, SEGMENTS):
+                if not cursor.set_range(kind):
+                    continue
+                for k, v in cursor:
+                    if not k.startswith(kind):
+                        break
+                    if k[2:].rsplit(b"/", 1)[0] not in attempts:
+                        orphans += 1
+                    elif kind == SEGMENTS:
+                        payload += payload_len(v)
+            used = int(txn.get(USAGE_KEY) or b"0")
+        return WalStats(used_bytes=used, payload_bytes=payload, attempts=len(attempts), orphaned_entries=orphans)
+
+    # ---- reading --------------------------------------------------------------------------------------
+    def segments(self, attempt_key: str, payload: bool = True) -> Iterator[Segment]:
+        """Decode an attempt's segments in position order, checking every checksum; ``payload=False`` skips
+        decoding the records (digests and bitmaps only)."""
+        start = segments_start(attempt_key)
+        with self._read() as txn:
+            keys = []
+            cursor = txn.cursor()
+            if cursor.set_range(start):
+                for k in cursor.iternext(keys=True, values=False):
+                    if not k.startswith(start):
+                        break
+                    keys.append(k)
+        for k in keys:
+            with self._read() as txn:
+                value = txn.get(k)
+                ack_value = txn.get(ack_key_of(k))
+                if value is None:
+                    continue
+                segment = self._decode(k, value, ack_value, payload)
+            yield segment
+
+    def record_count(self, attempt_key: str) -> int:
+        """How many records an attempt logged, from the segment headers alone (no payload read, no checksum:
+        for progress reports; :meth:`segments` checks every byte)."""
+        start = segments_start(attempt_key)
+        total = 0
+        with self._read() as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(start):
+                for k, v in cursor.iternext():
+                    if not k.startswith(start):
+                        break
+                    total += record_count(v)
+        return total
+
+    def _segment_entries(self, txn: lmdb.Transaction, attempt_key: str) -> list[tuple[bytes, bytes, bytes]]:
+        """An attempt's segments as (segment key, bitmap key, value), in position order."""
+        start = segments_start(attempt_key)
+        cursor = txn.cursor()
+        found = []
+        if cursor.set_range(start):
+            for k, v in cursor:
+                if not k.startswith(start):
+                    break
+                found.append((k, ack_key_of(k), bytes(v)))
+        return found
+
+    def _decode(self, key: bytes, value: bytes, ack_value: bytes | None, payload: bool) -> Segment:
+        return decode_segment(f"WAL {self.path}, entry {key.decode()}", value, ack_value, payload)
+
+
+def open_wal(path: str) -> Wal:
+    """Open (once per process, at most 16 directories at a time) the WAL under ``path``, creating it with
+    owner-only permissions."""
+    return Wal(*open_env(path))
