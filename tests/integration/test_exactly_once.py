@@ -16,7 +16,7 @@ from recoverable_sink.errors import DeliveryError
 from recoverable_sink.options import parse_options
 from recoverable_sink.preflight import check_cluster
 from recoverable_sink.records import SchemaPlan
-from recoverable_sink.task import PartitionWriter
+from recoverable_sink.task import open_writer
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.spark import sink_stream_writer, sink_writer
 
@@ -81,7 +81,7 @@ def test_transaction_timeout_above_the_brokers_maximum_fails_on_the_driver(spark
 
 
 def _eo_options(kafka, topic, prefix, wal_dir):
-    """exactly_once options for a PartitionWriter driven by hand; a wal_dir per simulated host."""
+    """exactly_once options for a partition writer driven by hand; a wal_dir per simulated host."""
     return parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
                           "transactional.id.prefix": prefix, "wal.path": str(wal_dir)})
 
@@ -106,11 +106,11 @@ def test_a_zombie_attempt_is_fenced_by_a_copy_on_another_host_and_nothing_repeat
     host = partial(_host_options, kafka, topic, "zombie-", tmp_path)  # a WAL per simulated host
     cluster_id = check_cluster(host("a"))
     data = _keyed_batches(3000)
-    zombie = PartitionWriter(host("a"), plan, TaskIdentity("wz", 0, 0), cluster_id)
+    zombie = open_writer(host("a"), plan, TaskIdentity("wz", 0, 0), cluster_id)
     for batch in data[:3]:
         zombie.write(batch)  # two batches handed to the producer inside its transaction, one logged
 
-    copy = PartitionWriter(host("b"), plan, TaskIdentity("wz", 0, 1), cluster_id)  # fences the zombie
+    copy = open_writer(host("b"), plan, TaskIdentity("wz", 0, 1), cluster_id)  # fences the zombie
     for batch in data:
         copy.write(batch)
     assert copy.commit().acknowledged == 3000
@@ -124,7 +124,7 @@ def test_a_zombie_attempt_is_fenced_by_a_copy_on_another_host_and_nothing_repeat
             zombie.abort()
             raise
 
-    late = PartitionWriter(host("c"), plan, TaskIdentity("wz", 0, 2), cluster_id)
+    late = open_writer(host("c"), plan, TaskIdentity("wz", 0, 2), cluster_id)
     for batch in data:
         late.write(batch)
     message = late.commit()
@@ -145,18 +145,18 @@ def test_a_retry_after_a_transaction_cut_short_sends_exactly_the_rest_in_any_ord
     keys = [b"%05d" % i for i in range(2000)]
     keys[1500] = keys[10]  # a record twice in the input: matched as a multiset, so both copies land
     data = [pa.RecordBatch.from_pydict({"key": keys[s:s + 500], "value": [b"v"] * 500}) for s in range(0, 2000, 500)]
-    cut_short = PartitionWriter(options, plan, TaskIdentity("ws", 0, 0), cluster_id)
+    cut_short = open_writer(options, plan, TaskIdentity("ws", 0, 0), cluster_id)
     for batch in data[:2]:
         cut_short.write(batch)
     assert cut_short.commit().acknowledged == 1000
 
-    retry = PartitionWriter(options, plan, TaskIdentity("ws", 0, 1), cluster_id)
+    retry = open_writer(options, plan, TaskIdentity("ws", 0, 1), cluster_id)
     for batch in reversed(data):  # as out of a shuffle: another order on a retry
         retry.write(batch.take(pa.array(range(499, -1, -1))))
     message = retry.commit()
     assert (message.committed_before, message.published, message.skipped) == (True, 1000, 1000)
 
-    late = PartitionWriter(options, plan, TaskIdentity("ws", 0, 2), cluster_id)
+    late = open_writer(options, plan, TaskIdentity("ws", 0, 2), cluster_id)
     for batch in data:
         late.write(batch)
     assert (late.commit().published, late.message.skipped) == (0, 2000)
@@ -175,18 +175,18 @@ def test_a_retry_elsewhere_after_a_transaction_cut_short_fails_instead_of_guessi
     host = partial(_host_options, kafka, topic, "short-", tmp_path)  # a WAL per simulated host
     cluster_id = check_cluster(host("a"))
     data = _keyed_batches(2000)
-    cut_short = PartitionWriter(host("a"), plan, TaskIdentity("wo", 0, 0), cluster_id)
+    cut_short = open_writer(host("a"), plan, TaskIdentity("wo", 0, 0), cluster_id)
     for batch in data[:2]:
         cut_short.write(batch)
     assert cut_short.commit().acknowledged == 1000
 
-    elsewhere = PartitionWriter(host("b"), plan, TaskIdentity("wo", 0, 1), cluster_id)
+    elsewhere = open_writer(host("b"), plan, TaskIdentity("wo", 0, 1), cluster_id)
     for batch in data:
         elsewhere.write(batch)
     with pytest.raises(DeliveryError, match=f"committed 1000 records .* now has 2000.*WAL {tmp_path / 'a'} on host"):
         elsewhere.commit()
 
-    back = PartitionWriter(host("a"), plan, TaskIdentity("wo", 0, 2), cluster_id)
+    back = open_writer(host("a"), plan, TaskIdentity("wo", 0, 2), cluster_id)
     for batch in data:
         back.write(batch)
     assert back.commit().published == 1000

@@ -9,15 +9,15 @@ import random
 import pyarrow as pa
 import pytest
 
-from recoverable_sink import task
-from recoverable_sink.cli import NotFullyLogged, replay_partition
+from recoverable_sink import writer as writer_module
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.delivery import serve
 from recoverable_sink.errors import DeliveryError, FatalProducerError, WalFullError
 from recoverable_sink.identity import record_digests
 from recoverable_sink.options import parse_options
 from recoverable_sink.records import SchemaPlan
-from recoverable_sink.task import PartitionWriter
+from recoverable_sink.replay import NotFullyLogged, replay_partition
+from recoverable_sink.task import open_writer
 from recoverable_sink.wal import DONE, LOGGED, OPEN, open_wal
 from tests.unit.fakes import FakeProducer
 
@@ -46,23 +46,20 @@ def crash_after(opts, data: list[bytes], acked: int | None = None, attempt: int 
     as after SIGKILL)."""
     acked = len(data) if acked is None else acked
     producer = FakeProducer()
-    writer = PartitionWriter(opts, plan, TaskIdentity(write_id, 0, attempt), "c1", producer=producer)
+    writer = open_writer(opts, plan, TaskIdentity(write_id, 0, attempt), "c1", producer=producer)
 
-    def send(part: list[bytes]) -> None:
-        for b in batches(part):
-            writer.write(b)
-        writer._produce_pending()
-
-    send(data[:acked])
-    writer._checkpoint(wait_s=1.0)
+    for b in batches(data[:acked]):
+        writer.write(b)
+    writer.checkpoint(wait_s=1.0)
     producer.ack_budget = 0
-    send(data[acked:])
-    writer._checkpoint(wait_s=0.01)
+    for b in batches(data[acked:]):
+        writer.write(b)
+    writer.checkpoint(wait_s=0.01)
 
 
 def finish(opts, producer: FakeProducer, data: list[bytes], attempt: int, plan: SchemaPlan = PLAN,
            write_id: str = "w", cluster: str = "c1"):
-    writer = PartitionWriter(opts, plan, TaskIdentity(write_id, 0, attempt), cluster, producer=producer)
+    writer = open_writer(opts, plan, TaskIdentity(write_id, 0, attempt), cluster, producer=producer)
     for b in batches(data):
         writer.write(b)
     return writer.commit()
@@ -96,13 +93,13 @@ def test_drains_in_mid_partition_queue_their_saves_behind_the_stores_and_a_retry
         wal_dir, monkeypatch):
     """Every batch handed over drains, and the drain only queues its save on the WAL thread: once that thread
     has done what was queued (a kill lands after it), the retry skips exactly what Kafka acknowledged."""
-    monkeypatch.setattr(task, "_CHECKPOINT_EVERY_S", 1e-6)
+    monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 1e-6)
     opts, data = options(wal_dir), rows(1000)
-    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
     for b in batches(data):
         writer.write(b)
-    task._thread("wal").submit(lambda: None).result()  # what the drains queued is done; then the kill
-    assert writer.tracker.acked == 900  # the last batch waits to be produced until the next or the commit
+    writer.log.wait()  # what the drains queued is done; then the kill
+    assert writer.acknowledged == 900  # the last batch waits to be produced until the next or the commit
     retry = FakeProducer()
     message = finish(opts, retry, data[::-1], attempt=1)
     assert (message.skipped, message.published) == (900, 100)
@@ -144,13 +141,13 @@ def test_a_fatal_producer_error_fails_the_task_naming_it_and_a_retry_skips_what_
     the retry; the 200 acknowledged after it were never reported, so they are sent again (never lost)."""
     opts = options(wal_dir)
     first = FakeProducer(fatal_after=500)
-    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=first)
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=first)
     fatal = r"partition 0 \(attempt 0\) of write w: fatal producer error: _FENCED"
     with pytest.raises(FatalProducerError, match=fatal):
         for i, b in enumerate(batches(rows(1000))):
-            writer.write(b)
             if i == 3:  # batches 0-2 handed over, drained at a checkpoint
-                writer._checkpoint(wait_s=1.0)
+                writer.checkpoint(wait_s=1.0)
+            writer.write(b)
         writer.commit()
     writer.abort()
     second = FakeProducer()
@@ -169,7 +166,7 @@ def test_records_delivered_earlier_but_not_recomputed_are_reported_as_diverged(w
 def test_wal_refusal_lets_no_later_batch_into_the_log(wal_dir):
     # Each 100-record batch is ~1.5 KB of Arrow IPC: the bound admits the first and refuses the second.
     opts = options(wal_dir, **{"wal.maxBytes": "2500"})
-    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer(ack_budget=0))
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer(ack_budget=0))
     with pytest.raises(WalFullError, match="wal.maxBytes=2500"):
         for b in batches(rows(500)):
             writer.write(b)
@@ -187,33 +184,32 @@ def test_acknowledgements_carried_by_a_refused_batch_are_saved_by_the_abort_and_
     """A batch's store also carries the bitmaps acknowledged since the last save. When the WAL refuses that
     batch (wal.maxBytes), the abort must still save them: the tracker forgets a fully acknowledged segment
     once its bitmap is taken, so otherwise a retry sends those 100 records a second time."""
-    monkeypatch.setattr(task, "_CHECKPOINT_EVERY_S", 3600.0)  # no drain of its own: the test serves the reports
+    monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 3600.0)  # no drain of its own: the test serves them
     opts = options(wal_dir, **{"wal.maxBytes": "4000"})
     data = rows(400)
     producer = FakeProducer()
-    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=producer)
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=producer)
     writer.write(batches(data[:100])[0])
-    writer._produce_pending()
-    serve(producer, writer.tracker)  # all 100 acknowledged, not saved yet
+    writer.write(batches(data[100:200])[0])  # hands the first batch to the producer
+    serve(producer, writer.tracker)  # its 100 records acknowledged, not saved yet
     with pytest.raises(WalFullError, match="wal.maxBytes=4000"):
-        writer.write(batches(data[100:], size=300)[0])  # ~5.7 KB: refused, with the bitmap it carried
+        writer.write(batches(data[200:], size=200)[0])  # refused, with the bitmap it carried
         writer.commit()
     writer.abort()
     second = FakeProducer()
     finish(options(wal_dir), second, data, attempt=1)  # the retry with room for all of it
-    assert second.values() == data[100:]
+    assert second.values() == data[200:]
 
 
 def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_bitmaps_again(
         wal_dir, monkeypatch, caplog):
-    monkeypatch.setattr(task, "_CHECKPOINT_EVERY_S", 3600.0)
+    monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 3600.0)
     opts = options(wal_dir)
     data = rows(300)
-    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
     for b in batches(data):
         writer.write(b)
-    writer._produce_pending()
-    real, calls = writer.wal.save_acks, []
+    real, calls = writer.log.wal.save_acks, []
 
     def fails_once(key: str, acks: dict[int, bytearray]) -> None:
         calls.append(key)
@@ -221,8 +217,8 @@ def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_
             raise OSError(28, "No space left on device")
         real(key, acks)
 
-    monkeypatch.setattr(writer.wal, "save_acks", fails_once)
-    writer._checkpoint(wait_s=1.0, sync=False)  # all 300 acknowledged; their save fails on the WAL's thread
+    monkeypatch.setattr(writer.log.wal, "save_acks", fails_once)
+    writer.checkpoint(wait_s=1.0, sync=False)  # all 300 acknowledged; their save fails on the WAL's thread
     with pytest.raises(OSError, match="No space left"):
         writer.commit()
     with caplog.at_level(logging.WARNING, logger="recoverable_sink.task"):
@@ -235,7 +231,7 @@ def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_
 
 def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothing(wal_dir):
     opts = options(wal_dir)
-    writer = PartitionWriter(opts, PLAN, TaskIdentity("w", 0, 0), "c1",
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1",
                              producer=FakeProducer(ack_budget=321, expire=True))
     for b in batches(rows(1000)):
         writer.write(b)

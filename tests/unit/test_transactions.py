@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from recoverable_sink import task, transactions
+from recoverable_sink import attempt_log, task, transactions
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError
 from recoverable_sink.options import parse_options
@@ -88,10 +88,10 @@ def test_an_attempt_that_fails_after_opening_its_transaction_aborts_it(producers
     def no_wal(path: str):
         raise OSError(28, "No space left on device", path)
 
-    monkeypatch.setattr(task, "open_wal", no_wal)
+    monkeypatch.setattr(attempt_log, "open_wal", no_wal)
     opts = parse_options({**OPTIONS, "wal.path": str(tmp_path)})
     with pytest.raises(OSError, match="No space left"):
-        task.PartitionWriter(opts, SchemaPlan(columns=("value",), topic_option="t"), TaskIdentity("w1", 3, 0),
+        task.open_writer(opts, SchemaPlan(columns=("value",), topic_option="t"), TaskIdentity("w1", 3, 0),
                              "cluster")
     assert made[0].aborted
     assert made[0].flushed

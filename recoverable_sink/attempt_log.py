@@ -1,0 +1,202 @@
+"""The WAL side of one task attempt (executor): its entry in the host's WAL, the stores and acknowledgement saves
+queued on the process's WAL thread, and what earlier attempts of the same partition left there.
+
+:class:`AttemptLog` is the WAL on; :class:`NoLog` (``wal.enabled=false``) has the same methods and keeps nothing,
+so the writers never ask which one they hold.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+
+import pyarrow as pa
+
+from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.identity import DeliveredSet, record_digests
+from recoverable_sink.options import SinkOptions
+from recoverable_sink.wal import LOGGED, AttemptInfo, Wal, open_wal, sweep_now_and_then
+
+Acks = dict[int, bytearray]
+
+_threads: dict[str, ThreadPoolExecutor] = {}
+
+
+def helper_thread(name: str) -> ThreadPoolExecutor:
+    """One of the process's helper threads: "wal" writes the WAL, "hash" hashes digests (Python workers are
+    reused across tasks, so are the threads)."""
+    if name not in _threads:
+        _threads[name] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"recoverable-sink-{name}")
+    return _threads[name]
+
+
+def attempt_name(attempt_key: str) -> str:
+    """An attempt key without its write id and partition (unique on its own: time, attempt and a random part)."""
+    return attempt_key.rsplit("/", 1)[-1]
+
+
+class NoLog:
+    """``wal.enabled=false``: nothing is logged, no earlier attempt is known, nothing is proven."""
+
+    path: str | None = None
+    key: str | None = None
+    priors: list[AttemptInfo] = []
+
+    def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
+        """Nothing to begin."""
+
+    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
+        return DeliveredSet()
+
+    def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
+              topic_option: str | None, cluster_id: str) -> Future[int] | None:
+        return None
+
+    def save_acks(self, acks: Acks, sync: bool = True) -> None:
+        """Nothing to save."""
+
+    def wait(self) -> None:
+        """Nothing queued."""
+
+    def settle(self) -> list[Acks]:
+        return []
+
+    def mark_logged(self, acks: Acks) -> None:
+        """Nothing to mark."""
+
+    def finish(self, superseded: list[str], dropped: list[str] | None = None) -> None:
+        """Nothing to keep as proof."""
+
+    def purge(self, keys: list[str]) -> None:
+        """Nothing to purge."""
+
+
+class AttemptLog(NoLog):
+    """One attempt's entry in the host's WAL. :meth:`open` sweeps expired entries and reads the earlier attempts
+    of the partition; :meth:`begin` opens this attempt's entry (an exactly_once attempt whose partition an
+    earlier transaction already holds never does).
+
+    Writes go to the process's one WAL thread in order: a batch's store, then the acknowledgement saves queued
+    after it, so a segment's bitmap is never written before the segment, nor an older bitmap after a newer one.
+    Once a write failed no later batch enters the log, and the bitmaps it carried are kept for :meth:`settle`."""
+
+    def __init__(self, wal: Wal, options: SinkOptions, priors: list[AttemptInfo]) -> None:
+        self.wal = wal
+        self.path = wal.path
+        self.options = options
+        self.priors = priors
+        self.key: str | None = None
+        self._last_store: Future[int] | None = None
+        self._last_job: Future[object] | None = None  # the newest store or acknowledgement save queued
+        self._failed: BaseException | None = None  # a failed store or save: no later batch enters the log
+        self._save_failed: BaseException | None = None
+        # Bitmaps taken from the tracker whose write failed: the tracker forgets a fully acknowledged segment once
+        # its bitmap is taken, so they go back to it after a failure, to be saved again.
+        self._unsaved: list[Acks] = []
+
+    @classmethod
+    def open(cls, options: SinkOptions, ident: TaskIdentity) -> AttemptLog:
+        wal = open_wal(options.resolved_wal_path())
+        sweep_now_and_then(wal, options.retention_seconds)
+        return cls(wal, options, wal.prior_attempts(ident.write_id, ident.partition))
+
+    def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
+        self.key = self.wal.begin_attempt(ident.write_id, ident.partition, ident.attempt, {**ident.extra, **meta})
+
+    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
+        """The digests of what Kafka acknowledged to ``attempts`` (see :meth:`Wal.delivered`)."""
+        return self.wal.delivered(attempts, all_acknowledged)
+
+    def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
+              topic_option: str | None, cluster_id: str) -> Future[int]:
+        """Queue the batch (records ``first``...) with its digests and the bitmaps changed since the last write;
+        the future gives the payload bytes stored. Without ``digests`` they are hashed on their own thread while
+        the WAL thread may still be storing the batch before (both mostly without the GIL)."""
+        assert self.key is not None
+        wal, key, max_bytes = self.wal, self.key, self.options.wal_max_bytes
+        hashed = helper_thread("hash").submit(record_digests, batch, topic_option, cluster_id) \
+            if digests is None else None
+
+        def store() -> int:
+            try:
+                if self._failed is not None:  # a refused batch lets no later batch into the log
+                    raise self._failed
+                ids = digests if hashed is None else hashed.result()
+                return wal.append(key, first, batch, ids, max_bytes, acks)
+            except BaseException as exc:
+                self._failed = self._failed or exc
+                if acks:
+                    self._unsaved.append(acks)
+                raise
+
+        self._last_store = helper_thread("wal").submit(store)
+        self._last_job = self._last_store
+        return self._last_store
+
+    def save_acks(self, acks: Acks, sync: bool = True) -> None:
+        """Queue the bitmaps behind the stores; with ``sync``, return once every queued write is done (raising a
+        failed save's error)."""
+        if self.key is None:
+            return
+        if acks:
+            wal, key = self.wal, self.key
+
+            def save() -> None:
+                try:
+                    wal.save_acks(key, acks)
+                except BaseException as exc:
+                    self._save_failed = exc
+                    self._failed = self._failed or exc  # no later batch enters the log either
+                    self._unsaved.append(acks)
+                    raise
+
+            self._last_job = helper_thread("wal").submit(save)
+        if sync:
+            self.wait()
+
+    def wait(self) -> None:
+        """Return once every queued write is done, raising a failed save's error (a failed store is reported where
+        its batch is produced)."""
+        if self._last_job is not None:
+            wait([self._last_job])
+        if self._save_failed is not None:
+            raise self._save_failed
+
+    def settle(self) -> list[Acks]:
+        """After a failure: wait for the queued writes whatever their outcome (LMDB commits whole or not at all)
+        and hand back the bitmaps that did not land, newest first, so that a segment in two of them comes back
+        with its later bitmap."""
+        if self._last_job is not None:
+            wait([self._last_job])
+        self._save_failed = None  # a failed write's error is the task's, already raised
+        unsaved = list(reversed(self._unsaved))
+        self._unsaved.clear()
+        return unsaved
+
+    def mark_logged(self, acks: Acks) -> None:
+        """The whole partition is in the log: wait for the last store and the queued saves, then mark the attempt
+        ``logged`` with the bitmaps changed since."""
+        if self.key is None:
+            return
+        try:
+            if self._last_store is not None:
+                self._last_store.result()
+            self.wait()
+            self.wal.set_state(self.key, LOGGED, acks)
+        except BaseException:
+            self._unsaved.append(acks)
+            raise
+
+    def finish(self, superseded: list[str], dropped: list[str] | None = None) -> None:
+        """Kafka acknowledged everything: keep only digests as proof (see :meth:`Wal.finish`)."""
+        if self.key is not None:
+            self.wal.finish(self.key, superseded, dropped=dropped)
+
+    def purge(self, keys: list[str]) -> None:
+        if keys:
+            self.wal.purge(keys)
+
+
+def open_log(options: SinkOptions, ident: TaskIdentity) -> NoLog:
+    """The attempt's log: the host's WAL, or nothing when ``wal.enabled=false``."""
+    return AttemptLog.open(options, ident) if options.wal_enabled else NoLog()
+

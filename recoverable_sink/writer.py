@@ -1,0 +1,385 @@
+"""The at-least-once partition writer (executor): one task attempt's records through the WAL to Kafka.
+
+The protocol, per (write id, partition):
+1. :meth:`AtLeastOnceWriter.start` takes a producer, opens the attempt's log and reads what earlier attempts on
+   this host logged: the digests of the records Kafka acknowledged to them (see :mod:`recoverable_sink.identity`).
+2. :meth:`~AtLeastOnceWriter.write` normalises and checks each input batch; records whose digest matches an
+   acknowledged one are skipped (as a multiset), the rest are logged to the WAL (fsynced, with their digests)
+   before the producer sees them.
+3. What Kafka acknowledged is learnt at drains and checkpointed to the WAL with every store and on a short
+   timer; a fully acknowledged segment keeps only its digests.
+4. :meth:`~AtLeastOnceWriter.commit`: once the whole partition is logged the attempt is ``logged``; once Kafka
+   acknowledged everything it is ``done`` and keeps only digests, as proof of delivery until the write is
+   certainly committed. On any failure, :meth:`~AtLeastOnceWriter.abort`.
+
+:class:`recoverable_sink.exactly_once_writer.ExactlyOnceWriter` extends it with the partition's transaction.
+Neither needs Spark: a test drives them with plain Arrow batches.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
+
+import pyarrow as pa
+
+from recoverable_sink._faults import FaultPlan
+from recoverable_sink._logging import get_logger
+from recoverable_sink.attempt_log import Acks, NoLog, open_log
+from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
+from recoverable_sink.delivery import (
+    DeliveryTracker,
+    NativeProducer,
+    SinkProducer,
+    delivery_timeout_s,
+    partition_count,
+    producers,
+    send_batch,
+    serve,
+    wait_for_acks,
+)
+from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
+from recoverable_sink.identity import DeliveredSet, record_digests, split
+from recoverable_sink.options import SinkOptions
+from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
+
+log = get_logger("task")
+
+_FLUSH_MARGIN_S = 30.0  # past librdkafka's own delivery timeout, which reports every undelivered record
+
+# A drain this often, so that acknowledgements reach the WAL and a hard kill repeats little; how often was chosen
+# by measurement (docs/performance.md, "Checkpoint interval").
+CHECKPOINT_EVERY_S = 0.05
+
+
+class Phase(Enum):
+    """Where a writer is. ``SKIPPING`` is exactly_once's: an earlier attempt's transaction holds the partition,
+    so the input is only counted."""
+
+    NEW = "new"
+    WRITING = "writing"
+    SKIPPING = "skipping"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+def final_wait_s(options: SinkOptions) -> float:
+    """How long the end of a task waits for the last acknowledgements."""
+    timeout = delivery_timeout_s(options)
+    return timeout + min(_FLUSH_MARGIN_S, max(1.0, timeout))
+
+
+class _Partitions:
+    """Partition counts of the topics a batch names, from the cluster's metadata, asked once per topic."""
+
+    def __init__(self, producer: SinkProducer, where: str) -> None:
+        self.producer = producer
+        self.where = where
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, topic: str) -> int:
+        if topic not in self.counts:
+            count, reason = partition_count(self.producer, topic, 30)
+            if reason is not None:
+                raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}); "
+                                  "create it first (the sink does not rely on broker auto-creation)")
+            self.counts[topic] = count
+        return self.counts[topic]
+
+
+def _size_limit(options: SinkOptions) -> tuple[int, str]:
+    """The largest record (as records.check_batch sizes it) the producer and, uncompressed, the topic accept."""
+    conf = options.producer_config()
+    limit = int(conf.get("message.max.bytes", 1_000_000))
+    name = f"the producer's message.max.bytes={limit}"
+    topic_max = options.topic_max_message_bytes
+    compressed = conf.get("compression.type", conf.get("compression.codec", "none")) != "none"
+    if topic_max is not None and not compressed and topic_max - TOPIC_BATCH_FRAMING < limit:
+        limit = topic_max - TOPIC_BATCH_FRAMING
+        name = (f"{limit} bytes (topic {options.topic}'s max.message.bytes={topic_max}, less {TOPIC_BATCH_FRAMING} "
+                "of batch framing)")
+    return limit, name
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A batch on its way: logged (or being logged) to the WAL, not yet handed to the producer."""
+
+    batch: pa.RecordBatch
+    first: int
+    stored: Future[int] | None  # the WAL store of the batch
+
+
+W = TypeVar("W", bound="AtLeastOnceWriter")
+
+
+class AtLeastOnceWriter:
+    """Writes one partition: :meth:`start`, :meth:`write` for each Arrow batch, then :meth:`commit` (returns the
+    commit message) or, on any failure, :meth:`abort`. Shaped like Spark's ``KafkaDataWriter`` and Flink's
+    ``SinkWriter``; the Spark writers go through :func:`recoverable_sink.task.write_partition`.
+
+    One batch ahead: the fsynced WAL commit of batch k+1 runs on a thread while batch k is produced (LMDB
+    and Arrow release the GIL); batch k+1 is produced only after its own commit returned, and once a WAL
+    write failed no later batch enters the log."""
+
+    def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
+                 faults: FaultPlan | None = None, producer: SinkProducer | None = None) -> None:
+        self.options = options
+        self.plan = plan
+        self.ident = ident
+        self.cluster_id = cluster_id
+        self.faults = faults
+        self.where = ident.where
+        self.phase = Phase.NEW
+        self.started = time.monotonic()
+        self.max_message, self.max_message_name = _size_limit(options)
+        self.tracker = DeliveryTracker()
+        self.log: NoLog = NoLog()
+        self.delivered = DeliveredSet()  # what earlier attempts got acknowledged: skipped when met again
+        self.marker_topic = plan.topic_option
+        self.position = 0  # records read from Spark
+        self.logged = 0  # records handed to the WAL (the ones this attempt must send)
+        self._given_producer = producer
+        self._pending: _Pending | None = None
+        self._last_checkpoint = time.monotonic()
+
+    # ---- the start --------------------------------------------------------------------------------------
+    def start(self: W) -> W:
+        """Take a producer, open this attempt's log and learn what earlier attempts left; then ``write``."""
+        assert self.phase is Phase.NEW, f"{self.where}: started twice"
+        _freeze_heap_once()
+        self.producer = self._open_producer()
+        try:
+            self.producer.tracker = self.tracker  # its failure reports come here
+            self.partitions = _Partitions(self.producer, self.where)
+            self.log = open_log(self.options, self.ident)
+            self.phase = self._recover()
+            if self.phase is Phase.WRITING:
+                self.log.begin(self.ident, {"kind": self.ident.kind, "topic": self.plan.topic_option,
+                                            "cluster_id": self.cluster_id, "guarantee": self.options.guarantee})
+            if self.log.priors:
+                log.info("%s: found %d earlier attempt(s) in WAL %s; sending only what Kafka never acknowledged",
+                         self.where, len(self.log.priors), self.log.path)
+            native = isinstance(self.producer, NativeProducer)
+            self.message = SinkCommitMessage(
+                write_id=self.ident.write_id, partition=self.ident.partition, attempt=self.ident.attempt,
+                host=socket.gethostname(), wal_path=self.log.path, producer="native" if native else "confluent")
+        except BaseException:
+            self._release_after_failed_start()
+            raise
+        return self
+
+    def _open_producer(self) -> SinkProducer:
+        return self._given_producer if self._given_producer is not None else producers.get(self.options)
+
+    def _recover(self) -> Phase:
+        """Skip what Kafka acknowledged to the earlier attempts this host logged."""
+        self.delivered = self.log.delivered(self.log.priors)
+        return Phase.WRITING
+
+    def _release_after_failed_start(self) -> None:
+        """The pooled producer stays in the pool: nothing was sent through it."""
+
+    # ---- the data path ----------------------------------------------------------------------------------
+    def write(self, raw: pa.RecordBatch) -> None:
+        """Check one batch, log what must be sent, and produce the batch before it."""
+        if raw.num_rows == 0:
+            return
+        if self.phase is Phase.SKIPPING:
+            self.position += raw.num_rows
+            self.message.skipped += raw.num_rows
+            return
+        assert self.phase is Phase.WRITING, f"{self.where}: write() while {self.phase.value}"
+        batch = normalise(raw, self.plan)
+        check_batch(batch, self.plan.topic_option, self.where, self.position, self.max_message, self.partitions,
+                    self.max_message_name)
+        self.position += batch.num_rows
+        if self.marker_topic is None:
+            self.marker_topic = batch.column("topic")[0].as_py()
+        digests: bytes | None = None  # hashed beside the WAL store, unless needed here to match a retry's input
+        if self.delivered:
+            digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
+            match = self.delivered.take(split(digests))
+            self.message.replayed += match.replayed
+            sent = [not s for s in match.skip]
+            if not all(sent):
+                self.message.skipped += batch.num_rows - sum(sent)
+                batch = batch.filter(pa.array(sent))
+                digests = b"".join(d for d, keep in zip(split(digests), sent, strict=True) if keep)
+        if batch.num_rows == 0:
+            return
+        stored = self.log.store(batch, self.logged, digests, self._dirty(), self.plan.topic_option, self.cluster_id)
+        if self._pending is not None:
+            self._produce(self._pending)
+        self._pending = _Pending(batch, self.logged, stored)
+        self.logged += batch.num_rows
+
+    def checkpoint(self, wait_s: float, sync: bool = True) -> None:
+        """Hand every written batch to the producer, wait up to ``wait_s`` for Kafka's acknowledgements and
+        persist them (queued only, without ``sync``)."""
+        self._produce_pending()
+        self._checkpoint(wait_s, sync)
+
+    @property
+    def acknowledged(self) -> int:
+        """Records Kafka acknowledged to this attempt so far (as of the last drain)."""
+        return self.tracker.acked
+
+    def _produce_pending(self) -> None:
+        if self._pending is not None:
+            self._produce(self._pending)
+            self._pending = None
+
+    def _before_send(self) -> None:
+        """Called before every batch goes to the producer."""
+
+    def _produce(self, pending: _Pending) -> None:
+        if pending.stored is not None:
+            self.message.wal_bytes += pending.stored.result()
+        self._before_send()
+        try:
+            with _no_collection():
+                self.message.published += send_batch(self.producer, pending.batch, self.plan.topic_option,
+                                                     pending.first, None, self.tracker, self.options.scrub)
+        except (DeliveryError, RecordError) as exc:
+            raise self._located(exc) from None
+        end = pending.first + pending.batch.num_rows
+        if self.faults is not None:
+            self.faults.after_batch(self.ident.write_id, self.ident.partition, self.ident.attempt,
+                                    self.message.skipped + end,
+                                    lambda: self._checkpoint(wait_s=delivery_timeout_s(self.options)))
+        if time.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
+            # A drain: produce nothing more until the producer's queue is empty, so that what it held is known
+            # to be acknowledged or failed. Waiting only a while would let a large backlog (big values) refill
+            # the queue before every drain, and no acknowledgement would be learnt until the end.
+            self._checkpoint(wait_s=final_wait_s(self.options), sync=False)
+
+    def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
+        return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}")
+
+    def _dirty(self) -> Acks:
+        """The bitmaps changed since the last save, for the log to persist. Delivery callbacks run on this (the
+        task's) thread, inside produce/poll/flush: no lock needed."""
+        return self.tracker.take_dirty() if self.log.key is not None else {}
+
+    def _checkpoint(self, wait_s: float, sync: bool = True) -> None:
+        """Persist what Kafka acknowledged so far; with ``wait_s``, drain: wait up to that long for the rest,
+        persisting every ``CHECKPOINT_EVERY_S`` meanwhile (a kill during a long final flush repeats little).
+        Without ``sync`` the saves are only queued: a drain in mid-partition need not wait for the disk."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining > 0 and self.tracker.outstanding:
+                    wait_for_acks(self.producer, self.tracker, min(remaining, CHECKPOINT_EVERY_S))
+                else:
+                    serve(self.producer, self.tracker)
+            except FatalProducerError as exc:
+                self.log.save_acks(self._dirty())  # what was served before the producer died still counts
+                raise self._located(exc) from None
+            self._last_checkpoint = time.monotonic()
+            self.log.save_acks(self._dirty(), sync)
+            if not self.tracker.outstanding or time.monotonic() >= deadline:
+                return
+
+    # ---- the end ----------------------------------------------------------------------------------------
+    def commit(self) -> SinkCommitMessage:
+        """Produce the last batch, wait for every acknowledgement, and leave only proof of delivery (under
+        exactly_once: commit the transaction with its marker)."""
+        message = self._commit_skipped() if self.phase is Phase.SKIPPING else self._commit_written()
+        self.phase = Phase.COMMITTED
+        self.producer.tracker = None  # done: the pooled producer keeps no reference to this task's batches
+        return message
+
+    def _commit_skipped(self) -> SinkCommitMessage:
+        raise AssertionError("only exactly_once skips a partition")
+
+    def _commit_written(self) -> SinkCommitMessage:
+        self._produce_pending()
+        self.log.mark_logged(self._dirty())
+        self._checkpoint(wait_s=final_wait_s(self.options))
+        tracker = self.tracker
+        if tracker.failed or tracker.outstanding:
+            problem = tracker.first_error() or f"{tracker.outstanding} records still unacknowledged at the deadline"
+            raise DeliveryError(
+                f"{self.where}: Kafka did not acknowledge {tracker.failed + tracker.outstanding} of "
+                f"{tracker.produced} records: {self.options.scrub(problem)}. They stay in WAL "
+                f"{self.log.path or '(disabled)'}; re-run the write with "
+                f"wal.writeId={self.ident.write_id} to send only those"
+            )
+        message = self.message
+        message.received = self.position
+        message.acknowledged = tracker.acked
+        message.diverged = self.delivered.left_over()
+        self._keep_proof(message)
+        message.seconds = time.monotonic() - self.started
+        if self.log.priors:
+            log.info("%s: done after earlier attempts: %d records, %d sent, %d skipped as already delivered, "
+                     "%d re-sent that were logged but unacknowledged, %d delivered earlier but not recomputed",
+                     self.where, message.received, message.published, message.skipped, message.replayed,
+                     message.diverged)
+        return message
+
+    def _keep_proof(self, message: SinkCommitMessage) -> None:
+        """Everything is acknowledged: this attempt's digests stay as proof, the earlier attempts' go."""
+        if self.ident.retry and not self.log.priors:
+            message.unproven = message.published  # a retry with nothing to skip by: some may be repeats
+        self.log.finish([p.key for p in self.log.priors])
+
+    def abort(self) -> None:
+        """After a failure: give records already handed over their chance to be acknowledged and persist what
+        was, so a retry skips them; then release the producer so no stale delivery reaches the next task."""
+        try:
+            for acks in self.log.settle():
+                self.tracker.restore(acks)
+            waiting = self.tracker.outstanding and self._waits_on_abort()
+            self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if waiting else 0)
+        except Exception as secondary:  # noqa: BLE001 - the original error is the one to report
+            log.warning("%s: could not checkpoint acknowledgements after the failure: %s", self.where,
+                        self.options.scrub(str(secondary)))
+        finally:
+            self.phase = Phase.ABORTED
+            self.producer.tracker = None
+            self._release_after_abort()
+
+    def _waits_on_abort(self) -> bool:
+        """Whether records still outstanding are worth waiting for: an acknowledgement saved now is one a retry
+        need not send."""
+        return True
+
+    def _release_after_abort(self) -> None:
+        producers.discard(self.options)
+
+
+_frozen: list[bool] = []
+
+
+def _freeze_heap_once() -> None:
+    """Leave the worker's long-lived heap (pyspark, pyarrow, pandas and their modules) out of every later
+    cyclic collection: collect once, then freeze what is left (once per Python worker, which runs many tasks).
+    Without it each full collection during a task scans that whole heap again."""
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen.append(True)
+
+
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    """No cyclic garbage collection while a batch's per-record objects are made and handed over: they hold no
+    cycles, yet their header tuples and lists would trigger collections that scan them all. Whatever cycles
+    appear meanwhile are collected once it is re-enabled."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
