@@ -60,9 +60,9 @@ REPS = int(os.environ.get("BENCH_REPS", "3"))
 CORES = 2  # local[2,4]: two task slots; the raw client runs on one (this process's main thread)
 DF_PARTITIONS = 4
 WARMUP_ROWS = min(ROWS, 40_000)
-# Full-size untimed writes of every Spark case before the first timed shape: Spark's own sink took 5.5, 3-4,
-# 2.1 and 1.8 s for its first four 2M x 100 B writes in one session (the JVM's JIT and heap settle), so a
-# small warm-up left its first repetitions slow and flattered the sink.
+# Full-size untimed writes of every Spark case before the first timed shape: Spark's own sink is slow for its
+# first few writes in a session while the JVM's JIT and heap settle (docs/performance.md, "What each case
+# measures"), so a small warm-up left its first repetitions slow and flattered the sink.
 JVM_WARMUP_WRITES = int(os.environ.get("BENCH_JVM_WARMUP_WRITES", "2"))
 CASES = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")
 EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}

@@ -42,13 +42,12 @@ PRODUCER_DEFAULTS: dict[str, str] = {
     # the one that picks the same partition as the Java producer for the same key.
     "partitioner": "murmur2_random",
     # The Java client's default (librdkafka's is 100 ms). librdkafka also waits half of it before a new client
-    # connects to the first broker it learns from bootstrap.servers: 25 ms instead of 50 for each worker's
-    # pooled producers and admin clients (the short-lived ones do not wait at all: see short_lived).
+    # connects to the first broker it learns from bootstrap.servers (the short-lived ones do not wait at all).
     "reconnect.backoff.ms": "50",
     # librdkafka's 1 MB default makes each produce request a G1 "humongous" allocation (half a region or more)
     # on a broker with Kafka's default 1 GB heap (1 MB regions); each starts a concurrent marking cycle. 384 KiB
-    # keeps a full batch, plus the one record librdkafka adds past the limit, well below 512 KiB: broker CPU
-    # per write about halved (README, Performance).
+    # keeps a full batch, plus the one record librdkafka adds past the limit, well below 512 KiB
+    # (docs/performance.md, "batch.size").
     "batch.size": str(DEFAULT_BATCH_SIZE),
 }
 
@@ -273,9 +272,9 @@ def short_lived(conf: dict[str, Any]) -> dict[str, Any]:
     """``conf`` for a client made for a few requests and then closed (the driver's probe producers and admin
     clients, one partition's transactional producer): it connects to every broker it learns of at once. With
     librdkafka's sparse connections, a new client drops its bootstrap connection once it learns the brokers'
-    ids and connects to one of them no sooner than ``reconnect.backoff.ms`` / 2 (at least 11 ms) later: its
-    first metadata answer took 29 ms instead of 2.5 on one host. A ``kafka.enable.sparse.connections`` of the
-    user's wins.
+    ids and connects to one of them no sooner than ``reconnect.backoff.ms`` / 2 later, a fixed cost per
+    client (docs/performance.md, "Short-lived clients connect at once"). A ``kafka.enable.sparse.connections``
+    of the user's wins.
 
     >>> short_lived({"bootstrap.servers": "b:9092"})["enable.sparse.connections"]
     'false'

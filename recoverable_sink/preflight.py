@@ -42,8 +42,8 @@ def _option_name(property_name: str, options: SinkOptions) -> str:
 
 class _ProbeLog:
     """librdkafka's log lines of a probe producer, at DEBUG: a broker that cannot be reached would otherwise
-    print a line per connection attempt on the driver's stderr (75 in a 2 s wait) before the OptionError that
-    says what to check. Set RECOVERABLE_SINK_LOG_LEVEL=DEBUG to see them."""
+    print a line per connection attempt on the driver's stderr before the OptionError that says what to check.
+    Set RECOVERABLE_SINK_LOG_LEVEL=DEBUG to see them."""
 
     def log(self, level: int, fmt: str, *args: object) -> None:  # confluent-kafka's ``logger`` interface
         log.debug("librdkafka (%s): %s", logging.getLevelName(level), fmt % args if args else fmt)
@@ -64,9 +64,9 @@ def _probe_admin(options: SinkOptions) -> AdminClient:
 
 class TopicQuestions:
     """The driver's two questions about the ``topic`` option, sent at once on one admin client: which
-    operations this principal may perform on it (KIP-430) and its ``max.message.bytes``. Asked one after the
-    other, each on a client of its own, they took 8.5 and 11.8 ms; at once 10.3, and sent before the probe
-    producer's metadata request they are answered while it is awaited (:func:`check_cluster`)."""
+    operations this principal may perform on it (KIP-430) and its ``max.message.bytes``. Sent together before
+    the probe producer's metadata request, they are answered while it is awaited (:func:`check_cluster`;
+    docs/performance.md, "The driver's checks at once")."""
 
     def __init__(self, options: SinkOptions) -> None:
         from confluent_kafka import TopicCollection
@@ -282,8 +282,8 @@ def check_transactions(options: SinkOptions) -> None:
                 f"option kafka.transaction.timeout.ms={asked_ms} exceeds the brokers' transaction.max.timeout.ms="
                 f"{broker_max}: a partition's transaction must commit within it; lower the option (and write "
                 "smaller partitions), or raise the brokers' maximum")
-        # A broker answered first: init_transactions then finds its coordinator at once, not 500 ms later (4 of
-        # 10 preflights here paid it: 563-579 ms against 85-92). No answer is left to init_transactions to report.
+        # A broker answered first: init_transactions then finds its coordinator at once instead of after
+        # librdkafka's 500 ms retry. No answer is left to init_transactions to report.
         wait_for_broker(producer, None, timeout_s)
         try:
             producer.init_transactions(timeout_s)

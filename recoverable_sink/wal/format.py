@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-try:  # the same CRC32 as zlib's, three times as fast (carry-less multiplication)
+try:  # the same CRC32 as zlib's, faster (carry-less multiplication)
     from zlib_ng.zlib_ng import crc32
 except ImportError:  # a spark-submit --py-files deployment without the wheel
     from zlib import crc32
@@ -119,8 +119,8 @@ def segment_value(first: int, digests: bytes, batch: pa.RecordBatch) -> tuple[pa
     """The bytes ``encode_segment(first, digests, <batch's Arrow IPC stream>, 0)`` would give, and the IPC
     stream's length, built in one buffer: the batch is serialised straight into place (its length measured
     first by a counting stream, which copies nothing) and checksummed there. Building the stream, then the
-    segment around it, then Python bytes of each, copied every payload byte three more times (with 1 KB
-    values, those copies and a second checksum at compaction were over half of an append)."""
+    segment around it, then Python bytes of each, copied every payload byte three more times
+    (docs/performance.md, "WAL segment built in place")."""
     counter = pa.MockOutputStream()
     _write_ipc(counter, batch)
     payload_len = counter.size()
