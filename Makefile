@@ -24,6 +24,9 @@ $(STAMP_PY): pyproject.toml recoverable_sink/_digests.c recoverable_sink/_produc
 	$(PYTHON) -m pip install -q --upgrade pip
 	@# The editable install is a plain path entry to the repository, which pkgutil.iter_modules() (Spark's
 	@# auto-registration scan, run in workers) sees, so pyspark_recoverable_kafka is found as from a wheel.
+	@# Earlier in-place builds of the C extensions go first: one named for a version tag (.cpython-311-...so)
+	@# would be imported before the fresh .abi3.so.
+	rm -f recoverable_sink/*.so
 	$(PYTHON) -m pip install -q -e '.[test]'
 	@mkdir -p build && touch $@
 
@@ -65,7 +68,8 @@ bench: setup
 matrix: setup
 	$(PYTHON) -m tools.matrix
 
-# The wheel and the spark-submit --py-files zip, in build/dist/.
+# In build/dist/: the sdist, manylinux2014 abi3 wheels for x86_64 and aarch64 (zig from PyPI cross-compiles them),
+# and the spark-submit --py-files zip.
 dist: setup
 	$(PYTHON) -m tools.dist
 

@@ -1,17 +1,23 @@
 """Shipping the sink as ``make dist`` builds it: spark-submit with no register call (auto-registration
 through the pyspark_recoverable_kafka module), from the --py-files zip (pure Python: record digests by hashlib,
-confluent-kafka's produce()) and from the wheel installed in a fresh virtualenv outside the repository (with the C
-digest and produce extensions)."""
+confluent-kafka's produce()) and from the x86_64 manylinux abi3 wheel installed, with no compiler, in a fresh
+virtualenv of another Python outside the repository (with the C digest and produce extensions); the aarch64 wheel
+is checked by auditwheel, and the sdist built by the host's C compiler."""
 
 import json
 import os
 import subprocess
 import sys
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from testing.kafka_check import read_topic
 from testing.kafka_local import REPO
-from tools.dist import build_pyfiles_zip, build_wheel
+from tools.dist import ARCHES, NATIVE, Wheel, audit, build_pyfiles_zip, build_sdist, build_wheel, ensure_tools
+from tools.matrix import interpreter
 
 APP = '''
 import json, sys
@@ -22,17 +28,40 @@ spark.sparkContext.setLogLevel("ERROR")
 def origin(_):
     import recoverable_sink
     from recoverable_sink import delivery, identity
-    yield recoverable_sink.__file__, identity._native is not None, delivery.native_module() is not None
+    yield (recoverable_sink.__file__, identity._native is not None, delivery.native_module() is not None,
+           "%d.%d" % sys.version_info[:2])
 
-(file, native, producer), = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()
+(file, native, producer, python), = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()
 bootstrap, topic, wal, out = sys.argv[1:5]
 # No spark.dataSource.register(...): Spark finds the format through pyspark_recoverable_kafka.DefaultSource.
 (spark.range(500).selectExpr("CAST(id AS STRING) AS value").write.format("recoverable_kafka")
     .option("kafka.bootstrap.servers", bootstrap).option("topic", topic).option("wal.path", wal)
     .mode("append").save())
-open(out, "w").write(json.dumps({"task_import": file, "native_digests": native, "native_producer": producer}))
+open(out, "w").write(json.dumps({"task_import": file, "native_digests": native, "native_producer": producer,
+                                 "task_python": python}))
 spark.stop()
 '''
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Wheel]]]:
+    """make dist's sdist and wheels, built once for the module (the build tools are installed if missing)."""
+    ensure_tools()
+    out = tmp_path_factory.mktemp("dist")
+    sdist = build_sdist(out)
+    yield sdist, {arch: build_wheel(sdist, arch, out) for arch in ARCHES}
+
+
+def other_python() -> str:
+    """A supported Python other than the one that built the wheels (the abi3 tag's claim); this one if none."""
+    this = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for version in ("3.12", "3.13", "3.10", "3.11"):
+        if version != this:
+            try:
+                return interpreter(version)
+            except SystemExit:
+                continue
+    return sys.executable
 
 
 def submit(spark_submit: Path, python: Path, tmp_path: Path, kafka, topic: str, *extra: str,
@@ -59,23 +88,52 @@ def test_spark_submit_with_py_files_and_no_register_call(kafka, new_topic, tmp_p
     assert out["native_producer"] is False  # and confluent-kafka's produce() sent every record
 
 
-def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(kafka, new_topic, tmp_path):
-    """pip install of the wheel alone (its dependencies resolved by pip, from its cache when warm) is enough:
-    spark-submit finds format("recoverable_kafka"), and the tasks import the sink from that virtualenv."""
-    wheel = build_wheel(tmp_path / "dist")
+def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(dist, kafka, new_topic, tmp_path):
+    """pip install of the x86_64 manylinux abi3 wheel alone (its dependencies resolved by pip, from its cache when
+    warm), into another Python than the one that built it, is enough: spark-submit finds format("recoverable_kafka"),
+    and the tasks import the sink, with its C extensions, from that virtualenv."""
+    wheel = dist[1]["x86_64"].path
+    assert "-cp310-abi3-" in wheel.name and wheel.name.endswith("manylinux_2_17_x86_64.whl"), wheel.name
+    python = other_python()
     venv = tmp_path / "venv"
     # Nothing of the repository's: no PYTHONPATH (pip would take a path entry holding the sources for an
     # installed copy and skip the wheel), and the PYSPARK_* variables point at the new virtualenv.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYSPARK_", "VIRTUAL_ENV"))}
     env |= {"PYSPARK_PYTHON": str(venv / "bin/python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin/python")}
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
-    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", str(wheel)], timeout=900, env=env,
-                             capture_output=True, text=True)
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    # No compiler for the sink: pip may only take it as a binary, and a compiler it would call does not exist.
+    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", "--only-binary", "recoverable-sink", str(wheel)],
+                             timeout=900, env=env | {"CC": "/nonexistent/cc"}, capture_output=True, text=True)
     assert install.returncode == 0, install.stderr[-3000:]
     out = submit(venv / "bin/spark-submit", venv / "bin/python", tmp_path, kafka, new_topic(), env=env)
     assert out["task_import"].startswith(str(venv / "lib")), out
+    version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert out["task_python"] == version, out
     assert out["native_digests"] is True  # the wheel carries the digest extension
     assert out["native_producer"] is True  # and the produce loop, on confluent-kafka's own librdkafka
     cli = subprocess.run([str(venv / "bin/recoverable-kafka-wal"), "list", "--path", str(tmp_path / "wal"), "--json"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert cli.returncode == 0, cli.stderr
+
+
+def test_the_aarch64_wheel_is_manylinux2014_abi3_for_aarch64(dist):
+    """No broker: auditwheel finds the cross-compiled wheel consistent with manylinux_2_17_aarch64, and both
+    extensions are in it (build_wheel also checked that they are aarch64 ELF objects)."""
+    wheel = dist[1]["aarch64"]
+    assert wheel.path.name.endswith("-cp310-abi3-manylinux2014_aarch64.manylinux_2_17_aarch64.whl"), wheel.path
+    assert '"manylinux_2_17_aarch64"' in " ".join(audit(wheel.path, "aarch64").split())
+    with zipfile.ZipFile(wheel.path) as z:
+        assert set(NATIVE) <= set(z.namelist())
+        assert any(name.endswith(".dist-info/WHEEL") and b"Tag: cp310-abi3-manylinux_2_17_aarch64" in z.read(name)
+                   for name in z.namelist())
+
+
+def test_the_sdist_builds_with_the_host_c_compiler(dist, tmp_path):
+    """No broker: the sdist alone (headers included) builds a wheel with both extensions where there is a C compiler."""
+    sdist = dist[0]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(sdist)],
+                   check=True, capture_output=True, timeout=600)
+    (wheel,) = tmp_path.glob("recoverable_sink-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        assert set(NATIVE) <= set(z.namelist()), z.namelist()
