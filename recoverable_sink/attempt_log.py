@@ -7,14 +7,20 @@ so the writers never ask which one they hold.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import suppress
 
 import pyarrow as pa
 
+from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.identity import DeliveredSet, record_digests
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.wal import LOGGED, AttemptInfo, Wal, open_wal, sweep_now_and_then
+from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal, runs_here, sweep_now_and_then
+
+log = get_logger("attempt_log")
 
 Acks = dict[int, bytearray]
 
@@ -46,6 +52,15 @@ class NoLog:
 
     def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
         return DeliveredSet()
+
+    def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None:
+        """No earlier attempt is known."""
+
+    def end(self) -> None:
+        """Nothing to end."""
+
+    def drop(self) -> None:
+        """Nothing to drop."""
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
               topic_option: str | None, cluster_id: str) -> Future[int] | None:
@@ -105,6 +120,52 @@ class AttemptLog(NoLog):
     def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
         """The digests of what Kafka acknowledged to ``attempts`` (see :meth:`Wal.delivered`)."""
         return self.wal.delivered(attempts, all_acknowledged)
+
+    def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None:
+        """at_least_once, once this attempt has begun: read the earlier attempts again, when none is still sending.
+
+        Spark does not wait for a failed task's Python worker: it goes on sending what its input had buffered while
+        the retry runs, and may even start its writer after the retry started. Spark numbers task attempts in
+        order, so an attempt that finds a later one begun by a live process here stands down before sending
+        anything, and one that finds an earlier one still sending waits (up to ``wait_s``) for it to end with its
+        acknowledgements saved. Each begins before it looks, so of two that overlap one always sees the other."""
+        assert self.key is not None
+        mine = ident.extra.get("task_attempt_id")
+        deadline = time.monotonic() + wait_s
+        waited = False
+        while True:
+            self.priors = [a for a in self.wal.prior_attempts(ident.write_id, ident.partition) if a.key != self.key]
+            if not isinstance(mine, int):  # not in a Spark task: no order among attempts to go by
+                return
+            if any(_task_attempt(a) > mine and runs_here(a) for a in self.priors):
+                raise InputCutShortError(f"{ident.where}: Spark already started a later attempt of this task, so "
+                                         "this one's JVM side is gone; it stands down without sending anything")
+            sending = [a for a in self.priors if _task_attempt(a) < mine and a.state != DONE
+                       and "ended" not in a.extra and runs_here(a)]
+            if not sending:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("%s: %d earlier attempt(s) of this partition still run after %.0f s; going on without "
+                            "knowing what Kafka acknowledged to them since: some records may be sent twice",
+                            ident.where, len(sending), wait_s)
+                return
+            if not waited:
+                log.info("%s: waiting for %d earlier attempt(s) of this partition, still sending from a failed "
+                         "task's Python worker, to end", ident.where, len(sending))
+                waited = True
+            time.sleep(0.05)
+
+    def end(self) -> None:
+        """After a failure, behind the acknowledgement saves still queued: no retry need wait for this attempt."""
+        if self.key is not None:
+            helper_thread("wal").submit(self.wal.end_attempt, self.key).result()
+
+    def drop(self) -> None:
+        """Remove this attempt's entry before anything was logged under it (a start that failed once begun)."""
+        if self.key is not None:
+            with suppress(Exception):
+                self.wal.purge([self.key])
+            self.key = None
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
               topic_option: str | None, cluster_id: str) -> Future[int]:
@@ -194,6 +255,12 @@ class AttemptLog(NoLog):
     def purge(self, keys: list[str]) -> None:
         if keys:
             self.wal.purge(keys)
+
+
+def _task_attempt(attempt: AttemptInfo) -> int:
+    """Spark's task attempt id of an attempt (larger for a later attempt in the same application), -1 if unknown."""
+    tid = attempt.extra.get("task_attempt_id")
+    return tid if isinstance(tid, int) else -1
 
 
 def open_log(options: SinkOptions, ident: TaskIdentity) -> NoLog:

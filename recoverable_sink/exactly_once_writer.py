@@ -60,6 +60,9 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         self.txn.begin()
         return Phase.WRITING
 
+    def _begun(self) -> None:
+        """Nothing more: the transaction fences every earlier attempt, and the marker says what they committed."""
+
     def _release_after_failed_start(self) -> None:
         self.txn.abort()  # no transaction of this attempt stays open behind a failed start
 

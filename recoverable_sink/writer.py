@@ -164,6 +164,7 @@ class AtLeastOnceWriter:
             if self.phase is Phase.WRITING:
                 self.log.begin(self.ident, {"kind": self.ident.kind, "topic": self.plan.topic_option,
                                             "cluster_id": self.cluster_id, "guarantee": self.options.guarantee})
+                self._begun()
             if self.log.priors:
                 log.info("%s: found %d earlier attempt(s) in WAL %s; sending only what Kafka never acknowledged",
                          self.where, len(self.log.priors), self.log.path)
@@ -180,9 +181,17 @@ class AtLeastOnceWriter:
         return self._given_producer if self._given_producer is not None else producers.get(self.options)
 
     def _recover(self) -> Phase:
-        """Skip what Kafka acknowledged to the earlier attempts this host logged."""
-        self.delivered = self.log.delivered(self.log.priors)
+        """Write; what the earlier attempts got acknowledged is read once this attempt has begun (:meth:`_begun`)."""
         return Phase.WRITING
+
+    def _begun(self) -> None:
+        """Skip what Kafka acknowledged to the earlier attempts this host logged, once none of them still sends."""
+        try:
+            self.log.settle_priors(self.ident, final_wait_s(self.options))
+            self.delivered = self.log.delivered(self.log.priors)
+        except BaseException:
+            self.log.drop()  # nothing logged under it: no retry is to wait for this attempt
+            raise
 
     def _release_after_failed_start(self) -> None:
         """The pooled producer stays in the pool: nothing was sent through it."""
@@ -347,6 +356,11 @@ class AtLeastOnceWriter:
         finally:
             self.phase = Phase.ABORTED
             self.producer.tracker = None
+            try:
+                self.log.end()
+            except Exception as secondary:  # noqa: BLE001 - a retry waiting for this attempt goes on at its deadline
+                log.warning("%s: could not mark the attempt ended in the WAL: %s", self.where,
+                            self.options.scrub(str(secondary)))
             self._release_after_abort()
 
     def _waits_on_abort(self) -> bool:

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, NamedTuple
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.wal.format import DONE
+from recoverable_sink.wal.format import DONE, AttemptInfo
 
 if TYPE_CHECKING:
     from recoverable_sink.wal.store import Wal
@@ -98,6 +98,17 @@ def _started(pid: int) -> str | None:
 def this_process() -> dict[str, object]:
     """Who begins an attempt, as its metadata records it (``owner``): host, boot, pid and its start time."""
     return {"host": socket.gethostname(), "boot": _boot_id(), "pid": os.getpid(), "started": _started(os.getpid())}
+
+
+def runs_here(attempt: AttemptInfo) -> bool:
+    """Whether the process that began an attempt is known to run still on this host (same boot, pid and start
+    time): unlike ``_alive``, a process this host cannot see counts as not running."""
+    owner = attempt.extra.get("owner")
+    if not isinstance(owner, dict) or not owner.get("started"):
+        return False
+    if owner.get("host") != socket.gethostname() or owner.get("boot") != _boot_id():
+        return False
+    return _started(int(str(owner.get("pid")))) == owner.get("started")
 
 
 def _alive(owner: object) -> bool:

@@ -3,6 +3,7 @@ acknowledgements, compaction of acknowledged segments, state changes, finish, pu
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import uuid
@@ -112,6 +113,15 @@ class Wal(Transactions):
 
         self._write(body)
         self._forget_compacted(attempt_key, acks or {})
+
+    def end_attempt(self, attempt_key: str) -> None:
+        """Note that a failed attempt stopped sending, its acknowledgements saved: a retry waiting for it goes on."""
+        def body(txn: lmdb.Transaction) -> None:
+            meta = json.loads(self._require_attempt(txn, attempt_key))
+            meta["ended"] = time.time()
+            txn.put(meta_key(attempt_key), encode_meta(meta))
+
+        self._write(body)
 
     def _require_attempt(self, txn: lmdb.Transaction, attempt_key: str) -> bytes:
         raw = txn.get(meta_key(attempt_key))
