@@ -25,9 +25,11 @@ from collections.abc import Callable
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from recoverable_sink.delivery import DeliveryTracker, NativeProducer, native_module, produce, send_batch
+from recoverable_sink.confluent_producer import produce
 from recoverable_sink.identity import record_digests
+from recoverable_sink.native_producer import NativeProducer, native_module
 from recoverable_sink.records import SchemaPlan, normalise, to_records
+from recoverable_sink.tracker import DeliveryTracker
 from recoverable_sink.wal import Wal, open_wal
 
 ROWS = int(os.environ.get("WAL_COSTS_ROWS", "10000"))  # spark.sql.execution.arrow.maxRecordsPerBatch's default
@@ -85,7 +87,7 @@ def _costs(wal: Wal, producer: Producer, native: NativeProducer | None, value_by
 
     def send_native() -> None:
         assert native is not None
-        send_batch(native, batch, "t", 0, None, tracker, str)
+        native.send_segment(batch, "t", 0, None, tracker, str)
         tracker.bitmaps.clear()
         tracker.window.clear()
         native.purge()

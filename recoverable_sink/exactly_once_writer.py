@@ -16,8 +16,8 @@ import time
 from recoverable_sink._logging import get_logger
 from recoverable_sink.attempt_log import attempt_name
 from recoverable_sink.contract import SinkCommitMessage
-from recoverable_sink.delivery import SinkProducer
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
+from recoverable_sink.producer import SinkProducer
 from recoverable_sink.transactions import PartitionTransaction
 from recoverable_sink.wal import AttemptInfo
 from recoverable_sink.writer import AtLeastOnceWriter, Phase, final_wait_s

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from contextlib import suppress
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata
@@ -253,8 +254,6 @@ def check_transactions(options: SinkOptions) -> None:
     Each is an OptionError naming what to change, raised before any task starts."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    from recoverable_sink.delivery import wait_for_broker
-
     timeout_s = options.preflight_timeout_s
     asked_ms = int(options.producer_config()["transaction.timeout.ms"])
     # A probe transactional id and marker group under the same prefix: ACLs and the coordinator, on the driver.
@@ -284,7 +283,8 @@ def check_transactions(options: SinkOptions) -> None:
                 "smaller partitions), or raise the brokers' maximum")
         # A broker answered first: init_transactions then finds its coordinator at once instead of after
         # librdkafka's 500 ms retry. No answer is left to init_transactions to report.
-        wait_for_broker(producer, None, timeout_s)
+        with suppress(KafkaException):
+            producer.list_topics(timeout=timeout_s)
         try:
             producer.init_transactions(timeout_s)
         except KafkaException as exc:

@@ -9,17 +9,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from recoverable_sink.delivery import (
-    DeliveryTracker,
-    SinkProducer,
-    delivery_timeout_s,
-    producers,
-    send_batch,
-    wait_for_acks,
-)
+from recoverable_sink.delivery import delivery_timeout_s, wait_for_acks
 from recoverable_sink.errors import DeliveryError, RecoverableSinkError
 from recoverable_sink.identity import split
 from recoverable_sink.options import parse_options
+from recoverable_sink.pool import producers
+from recoverable_sink.producer import SinkProducer
+from recoverable_sink.tracker import DeliveryTracker
 from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal
 
 ProgressFn = Callable[[int, int], None]  # (records done, records in all) of one partition
@@ -91,8 +87,8 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         matched = acked_later.take(d for d, a in zip(split(seg.digests), seg.acked, strict=True) if not a)
         it = iter(matched.skip)
         skip = [bool(a) or next(it) for a in seg.acked]
-        sent = send_batch(producer, seg.batch, topic if isinstance(topic, str) else None, seg.first, skip,
-                          tracker, options.scrub)
+        sent = producer.send_segment(seg.batch, topic if isinstance(topic, str) else None, seg.first, skip,
+                                     tracker, options.scrub)
         counts.sent += sent
         counts.already_delivered += seg.count - sent
         wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)

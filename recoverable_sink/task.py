@@ -14,10 +14,10 @@ import pyarrow as pa
 
 from recoverable_sink._faults import FaultPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
-from recoverable_sink.delivery import SinkProducer
 from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.exactly_once_writer import ExactlyOnceWriter
 from recoverable_sink.options import SinkOptions
+from recoverable_sink.producer import SinkProducer
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.spark_input import InputEnd
 from recoverable_sink.writer import AtLeastOnceWriter

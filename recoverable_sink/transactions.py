@@ -31,13 +31,15 @@ import socket
 import threading
 import time
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.delivery import NativeProducer, SinkProducer, delivery_timeout_s, new_producer, wait_for_broker
+from recoverable_sink.delivery import delivery_timeout_s
 from recoverable_sink.errors import DeliveryError, transaction_problem
 from recoverable_sink.options import SinkOptions, client_config, short_lived
+from recoverable_sink.pool import new_producer
+from recoverable_sink.producer import SinkProducer
 
 log = get_logger("transactions")
 
@@ -138,13 +140,13 @@ class PartitionTransaction:
         checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once."""
         conf = short_lived({**self.options.producer_config(), "transactional.id": self.txn_id})
         try:
-            self.producer = new_producer(conf, self.options.native_producer)
+            self.producer = new_producer(conf, self.options.native_producer, client_config(self.options))
             # Connected first, init_transactions finds its coordinator at once instead of 500 ms later (a
             # fixed cost per partition). Not connected in time: init_transactions waits and reports on its own,
             # within what is left of the same time limit.
             limit = _init_timeout_s(self.options)
             started = time.monotonic()
-            reason = wait_for_broker(self.producer, topic, min(_CONNECT_WAIT_S, limit / 2))
+            reason = self.producer.connect(min(_CONNECT_WAIT_S, limit / 2), topic)
             if reason is not None:
                 log.info("%s: no broker answered yet (%s); init_transactions waits for one", self.where, reason)
             self.producer.init_transactions(limit - (time.monotonic() - started))
@@ -223,25 +225,11 @@ class PartitionTransaction:
                                "records": records, "attempts": attempts, "host": socket.gethostname(),
                                "wal": wal, "committed_at": round(time.time(), 3)})
         try:
-            if isinstance(self.producer, NativeProducer):  # the group's metadata needs no consumer there
-                self.producer.send_marker(self.txn_id, marker_topic, 0, records, metadata, 60)
-            else:
-                self._send_marker_by_consumer(marker_topic, records, metadata)
+            self.producer.send_marker(self.txn_id, marker_topic, 0, records, metadata, 60)
             self.producer.commit_transaction(timeout_s)
             self.in_transaction = False
         except KafkaException as exc:
             raise self._fail(exc, "committing the transaction") from None
-
-    def _send_marker_by_consumer(self, marker_topic: str, records: int, metadata: str) -> None:
-        """confluent-kafka takes a group's metadata only from a consumer (which never subscribes here)."""
-        assert self.producer is not None and not isinstance(self.producer, NativeProducer)
-        consumer = Consumer({**client_config(self.options), "group.id": self.txn_id,
-                             "enable.auto.commit": "false"})
-        try:
-            marker = TopicPartition(marker_topic, 0, records, metadata)
-            self.producer.send_offsets_to_transaction([marker], consumer.consumer_group_metadata(), 60)
-        finally:
-            consumer.close()
 
     def abort(self) -> None:
         """Best effort: abort the open transaction (a later init_transactions would abort it anyway)."""

@@ -34,21 +34,14 @@ from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
 from recoverable_sink.attempt_log import Acks, NoLog, open_log
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
-from recoverable_sink.delivery import (
-    DeliveryTracker,
-    NativeProducer,
-    SinkProducer,
-    delivery_timeout_s,
-    partition_count,
-    producers,
-    send_batch,
-    serve,
-    wait_for_acks,
-)
+from recoverable_sink.delivery import delivery_timeout_s, serve, wait_for_acks
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.identity import DeliveredSet, record_digests, split
 from recoverable_sink.options import SinkOptions
+from recoverable_sink.pool import producers
+from recoverable_sink.producer import SinkProducer
 from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
+from recoverable_sink.tracker import DeliveryTracker
 
 log = get_logger("task")
 
@@ -86,7 +79,7 @@ class _Partitions:
 
     def __call__(self, topic: str) -> int:
         if topic not in self.counts:
-            count, reason = partition_count(self.producer, topic, 30)
+            count, reason = self.producer.partition_count(topic, 30)
             if reason is not None:
                 raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}); "
                                   "create it first (the sink does not rely on broker auto-creation)")
@@ -168,10 +161,9 @@ class AtLeastOnceWriter:
             if self.log.priors:
                 log.info("%s: found %d earlier attempt(s) in WAL %s; sending only what Kafka never acknowledged",
                          self.where, len(self.log.priors), self.log.path)
-            native = isinstance(self.producer, NativeProducer)
             self.message = SinkCommitMessage(
                 write_id=self.ident.write_id, partition=self.ident.partition, attempt=self.ident.attempt,
-                host=socket.gethostname(), wal_path=self.log.path, producer="native" if native else "confluent")
+                host=socket.gethostname(), wal_path=self.log.path, producer=self.producer.kind)
         except BaseException:
             self._release_after_failed_start()
             raise
@@ -255,8 +247,9 @@ class AtLeastOnceWriter:
         self._before_send()
         try:
             with _no_collection():
-                self.message.published += send_batch(self.producer, pending.batch, self.plan.topic_option,
-                                                     pending.first, None, self.tracker, self.options.scrub)
+                self.message.published += self.producer.send_segment(pending.batch, self.plan.topic_option,
+                                                                     pending.first, None, self.tracker,
+                                                                     self.options.scrub)
         except (DeliveryError, RecordError) as exc:
             raise self._located(exc) from None
         end = pending.first + pending.batch.num_rows

@@ -200,7 +200,7 @@ def test_a_commit_marker_reads_back_whole_whichever_producer_wrote_it(kafka, new
     """The marker's metadata is stored with its trailing NUL, as confluent-kafka writes it and its readers expect
     (they read up to the NUL): written without it, a retry read whatever followed in memory as part of the
     marker (undecodable metadata in 4 of 6 runs of the cut-short test above)."""
-    from recoverable_sink.delivery import NativeProducer
+    from recoverable_sink.native_producer import NativeProducer
     from recoverable_sink.transactions import PartitionTransaction
 
     topic = new_topic(1)

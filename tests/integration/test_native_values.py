@@ -10,12 +10,14 @@ from collections.abc import Callable
 import pyarrow as pa
 import pytest
 
-from recoverable_sink import delivery
-from recoverable_sink.delivery import DeliveryTracker, NativeProducer, send_batch, wait_for_acks
+from recoverable_sink import native_producer
+from recoverable_sink.delivery import wait_for_acks
+from recoverable_sink.native_producer import NativeProducer
+from recoverable_sink.tracker import DeliveryTracker
 from testing.kafka_check import read_topic
 from testing.kafka_local import KafkaCluster
 
-pytestmark = pytest.mark.skipif(delivery.native_module() is None,
+pytestmark = pytest.mark.skipif(native_producer.native_module() is None,
                                 reason="the _produce extension is not built here (no rdkafka.h at install)")
 
 
@@ -33,7 +35,7 @@ def test_values_arrive_intact_when_the_batch_is_dropped_and_its_memory_reused_be
     producer.tracker = tracker
     values = [os.urandom(2000) for _ in range(3000)] + [os.urandom(100_000) for _ in range(20)]
     batch = pa.RecordBatch.from_pydict({"key": [b"%d" % i for i in range(len(values))], "value": values})
-    assert send_batch(producer, batch, topic, 0, None, tracker, str) == len(values)
+    assert producer.send_segment(batch, topic, 0, None, tracker, str) == len(values)
     assert producer._p.held() == 1
     del batch
     gc.collect()

@@ -27,8 +27,8 @@ spark.sparkContext.setLogLevel("ERROR")
 
 def origin(_):
     import recoverable_sink
-    from recoverable_sink import delivery, identity
-    yield (recoverable_sink.__file__, identity._native is not None, delivery.native_module() is not None,
+    from recoverable_sink import identity, native_producer
+    yield (recoverable_sink.__file__, identity._native is not None, native_producer.native_module() is not None,
            "%d.%d" % sys.version_info[:2])
 
 (file, native, producer, python), = spark.sparkContext.parallelize([0], 1).mapPartitions(origin).collect()

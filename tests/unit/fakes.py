@@ -10,6 +10,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
+from recoverable_sink.confluent_producer import RecordsSender
+
 
 @dataclass
 class Sent:
@@ -44,12 +46,13 @@ def _bytes(data: str | bytes | None) -> bytes | None:
 
 
 @dataclass
-class FakeProducer:
-    """Queues records; ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``,
-    reporting failures only, as the sink's producers do (``delivery.report.only.error``), to ``tracker``.
-    ``fail`` makes every delivery fail with that error instead. After ``fatal_after`` acknowledgements the
-    producer turns fatal, the way confluent-kafka shows it: the first call raises a SystemError caused by the
-    fatal KafkaException (a delivery callback ran with the error set), later calls the KafkaException."""
+class FakeProducer(RecordsSender):
+    """librdkafka's client under the sink's confluent-kafka adapter (:class:`RecordsSender`). Queues records;
+    ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``, reporting failures
+    only, as the sink's producers do (``delivery.report.only.error``), to ``tracker``. ``fail`` makes every
+    delivery fail with that error instead. After ``fatal_after`` acknowledgements the producer turns fatal, the
+    way confluent-kafka shows it: the first call raises a SystemError caused by the fatal KafkaException (a
+    delivery callback ran with the error set), later calls the KafkaException."""
 
     partitions: int = 4
     ack_budget: int | None = None

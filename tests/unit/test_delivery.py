@@ -1,4 +1,4 @@
-"""How ``delivery.produce`` calls ``Producer.produce``: only as many positional arguments as the records set,
+"""How ``confluent_producer.produce`` calls ``Producer.produce``: only as many positional arguments as the records set,
 each record's own values in the right place, librdkafka's defaults for the rest."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from recoverable_sink.delivery import DeliveryTracker, produce
+from recoverable_sink.confluent_producer import produce
 from recoverable_sink.errors import RecordError
 from recoverable_sink.records import KafkaRecords
+from recoverable_sink.tracker import DeliveryTracker
 from tests.unit.fakes import FakeProducer, Sent
 
 

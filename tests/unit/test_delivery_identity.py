@@ -278,14 +278,14 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
     content came back in a failure report: a drain marks records 0 and 2 only."""
     from confluent_kafka import KafkaError
 
-    from recoverable_sink.delivery import DeliveryTracker, _Handed
     from recoverable_sink.records import KafkaRecords
+    from recoverable_sink.tracker import DeliveryTracker, Handed
     from tests.unit.fakes import Sent, _Msg
 
     values = [b"a", b"b", b"c", b"d", b"e"]
     records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
     tracker, bitmap = DeliveryTracker(), bytearray(5)
-    tracker.handed(_Handed(0, bitmap, 3, "t", lambda: records), 3)
+    tracker.handed(Handed(0, bitmap, 3, "t", lambda: records), 3)
     tracker.on_failure(KafkaError(KafkaError._MSG_TIMED_OUT), _Msg(Sent("t", b"b", None, 0, 0, None)))
     assert tracker.outstanding == 2
     tracker.drained()
@@ -295,7 +295,7 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
 def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
     """A fenced transactional producer's flush can fail with a bare SystemError: the task must fail as on
     any fatal producer error (its acknowledgements are kept, the producer dropped), not on an odd type."""
-    from recoverable_sink.delivery import fatal_errors
+    from recoverable_sink.producer import fatal_errors
 
     with pytest.raises(FatalProducerError, match="fatal producer error: the client failed without naming it"):
         with fatal_errors():
@@ -304,15 +304,15 @@ def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
 
 
 def _records(values: list[bytes]) -> tuple:
-    from recoverable_sink.delivery import DeliveryTracker
     from recoverable_sink.records import KafkaRecords
+    from recoverable_sink.tracker import DeliveryTracker
 
     records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
     return records, DeliveryTracker()
 
 
 def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_once_in_order():
-    from recoverable_sink.delivery import produce
+    from recoverable_sink.confluent_producer import produce
 
     values = [b"%d" % i for i in range(10)]
     records, tracker = _records(values)
@@ -326,7 +326,7 @@ def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_onc
 
 @pytest.mark.parametrize("skip", [None, [False, True, False, False, False]], ids=["all", "one-skipped"])
 def test_a_record_the_producer_refuses_midway_is_named_and_only_those_before_it_count_as_handed_over(skip):
-    from recoverable_sink.delivery import produce
+    from recoverable_sink.confluent_producer import produce
     from recoverable_sink.errors import RecordError
 
     records, tracker = _records([b"a", b"b", b"c", b"d", b"e"])

@@ -9,12 +9,14 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from recoverable_sink import delivery
-from recoverable_sink.delivery import DeliveryTracker, NativeProducer, drain, send_batch, wait_for_acks
+from recoverable_sink import native_producer
+from recoverable_sink.delivery import drain, wait_for_acks
 from recoverable_sink.errors import RecordError
+from recoverable_sink.native_producer import NativeProducer
 from recoverable_sink.records import producer_columns
+from recoverable_sink.tracker import DeliveryTracker
 
-pytestmark = pytest.mark.skipif(delivery.native_module() is None,
+pytestmark = pytest.mark.skipif(native_producer.native_module() is None,
                                 reason="the _produce extension is not built here (no C compiler at install)")
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -35,7 +37,7 @@ def test_every_row_handed_over_is_acknowledged_at_the_drain() -> None:
     tracker = DeliveryTracker()
     producer.tracker = tracker
     for first in (0, 500, 1000):
-        assert send_batch(producer, _batch(500, first), "t", first, None, tracker, str) == 500
+        assert producer.send_segment(_batch(500, first), "t", first, None, tracker, str) == 500
     wait_for_acks(producer, tracker, 30)
     assert tracker.produced == tracker.acked == 1500 and tracker.failed == 0
     assert [bytes(tracker.bitmaps[f]) for f in (0, 500, 1000)] == [b"\x01" * 500] * 3
@@ -46,7 +48,7 @@ def test_skipped_rows_count_as_acknowledged_and_the_rest_are_sent() -> None:
     tracker = DeliveryTracker()
     producer.tracker = tracker
     skip = [i % 3 == 0 for i in range(30)]
-    assert send_batch(producer, _batch(30), "t", 0, skip, tracker, str) == 20
+    assert producer.send_segment(_batch(30), "t", 0, skip, tracker, str) == 20
     wait_for_acks(producer, tracker, 30)
     assert tracker.produced == tracker.acked == 20
     assert bytes(tracker.bitmaps[0]) == b"\x01" * 30
@@ -56,7 +58,7 @@ def test_a_segment_whose_rows_were_all_delivered_earlier_sends_nothing() -> None
     producer = _mock()
     tracker = DeliveryTracker()
     producer.tracker = tracker
-    assert send_batch(producer, _batch(4), "t", 0, [True] * 4, tracker, str) == 0
+    assert producer.send_segment(_batch(4), "t", 0, [True] * 4, tracker, str) == 0
     assert bytes(tracker.bitmaps[0]) == b"\x01" * 4 and tracker.produced == 0
 
 
@@ -67,8 +69,8 @@ def test_a_failure_report_names_the_exact_row_that_failed() -> None:
     tracker = DeliveryTracker()
     producer.tracker = tracker
     skip = [i in (1, 4) for i in range(6)]
-    send_batch(producer, _batch(6), "t", 0, skip, tracker, str)
-    send_batch(producer, _batch(3, 6), "t", 6, None, tracker, str)
+    producer.send_segment(_batch(6), "t", 0, skip, tracker, str)
+    producer.send_segment(_batch(3, 6), "t", 6, None, tracker, str)
     drain(producer, tracker, 10)
     assert tracker.failed == 7 and tracker.outstanding == 0
     # The skipped rows were delivered earlier; every row that was sent failed, and no other.
@@ -83,7 +85,7 @@ def test_a_record_over_message_max_bytes_is_refused_by_position_and_the_rows_bef
     producer.tracker = tracker
     batch = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c" * 5000, b"d"]})
     with pytest.raises(RecordError, match="record 12 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
-        send_batch(producer, batch, "t", 10, None, tracker, str)
+        producer.send_segment(batch, "t", 10, None, tracker, str)
     assert tracker.produced == 2
     wait_for_acks(producer, tracker, 30)
     assert list(tracker.bitmaps[10]) == [1, 1, 0, 0]
@@ -95,8 +97,8 @@ def test_a_batch_larger_than_the_producers_queue_waits_for_room_and_hands_every_
     producer = _mock(**{"queue.buffering.max.messages": "300"})
     tracker = DeliveryTracker()
     producer.tracker = tracker
-    assert send_batch(producer, _batch(2500), "t", 0, None, tracker, str) == 2500
-    assert send_batch(producer, _batch(700, 2500).slice(100), "t", 2600, None, tracker, str) == 600
+    assert producer.send_segment(_batch(2500), "t", 0, None, tracker, str) == 2500
+    assert producer.send_segment(_batch(700, 2500).slice(100), "t", 2600, None, tracker, str) == 600
     wait_for_acks(producer, tracker, 30)
     assert tracker.produced == tracker.acked == 3100 and tracker.failed == 0
     assert bytes(tracker.bitmaps[0]) == b"\x01" * 2500 and bytes(tracker.bitmaps[2600]) == b"\x01" * 600
@@ -115,8 +117,8 @@ def test_every_column_shape_is_accepted_sliced_or_not() -> None:
     producer = _mock()
     tracker = DeliveryTracker()
     producer.tracker = tracker
-    assert send_batch(producer, batch, "t", 0, None, tracker, str) == 5
-    assert send_batch(producer, batch.slice(2), "t", 5, None, tracker, str) == 3
+    assert producer.send_segment(batch, "t", 0, None, tracker, str) == 5
+    assert producer.send_segment(batch.slice(2), "t", 5, None, tracker, str) == 3
     wait_for_acks(producer, tracker, 30)
     assert tracker.acked == 8 and tracker.failed == 0
 
@@ -133,7 +135,7 @@ def test_rows_without_any_header_in_arrow_javas_layout_go_out() -> None:
     producer = _mock()
     tracker = DeliveryTracker()
     producer.tracker = tracker
-    assert send_batch(producer, batch, "t", 0, None, tracker, str) == 2
+    assert producer.send_segment(batch, "t", 0, None, tracker, str) == 2
     wait_for_acks(producer, tracker, 30)
     assert tracker.acked == 2
 
@@ -161,7 +163,7 @@ def test_a_drain_sends_what_linger_ms_would_still_hold_back() -> None:
     producer = _mock(**{"linger.ms": "60000"})
     tracker = DeliveryTracker()
     producer.tracker = tracker
-    send_batch(producer, _batch(50), "t", 0, None, tracker, str)
+    producer.send_segment(_batch(50), "t", 0, None, tracker, str)
     drain(producer, tracker, 20)
     assert tracker.acked == 50 and len(producer) == 0
 
@@ -170,7 +172,7 @@ def test_a_flush_that_cannot_empty_the_queue_returns_at_its_deadline_with_what_i
     nobody = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "60000", "log_level": "0"})
     tracker = DeliveryTracker()
     nobody.tracker = tracker
-    send_batch(nobody, _batch(5), "t", 0, None, tracker, str)
+    nobody.send_segment(_batch(5), "t", 0, None, tracker, str)
     assert nobody.flush(0) == 5
     assert nobody.flush(0.2) == 5
     assert tracker.failed == 0 and tracker.outstanding == 5
@@ -184,9 +186,9 @@ def test_a_bad_setting_is_a_kafka_exception_naming_it() -> None:
 
 
 def test_waiting_for_a_broker_says_whether_one_answered() -> None:
-    assert delivery.wait_for_broker(_mock(), None, 10) is None
+    assert _mock().connect(10) is None
     nobody = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "log_level": "0"})
-    assert delivery.wait_for_broker(nobody, None, 0.3) is not None  # a transport failure or a time-out
+    assert nobody.connect(0.3) is not None  # a transport failure or a time-out
 
 
 def test_each_sends_values_are_kept_while_queued_and_let_go_once_the_queue_is_empty() -> None:
@@ -195,8 +197,8 @@ def test_each_sends_values_are_kept_while_queued_and_let_go_once_the_queue_is_em
     producer = _mock(**{"linger.ms": "200"})
     tracker = DeliveryTracker()
     producer.tracker = tracker
-    send_batch(producer, _batch(100), "t", 0, None, tracker, str)
-    send_batch(producer, _batch(100, 100), "t", 100, None, tracker, str)
+    producer.send_segment(_batch(100), "t", 0, None, tracker, str)
+    producer.send_segment(_batch(100, 100), "t", 100, None, tracker, str)
     assert len(producer) > 0 and producer._p.held() == 2
     wait_for_acks(producer, tracker, 30)
     assert tracker.acked == 200 and producer._p.held() == 0
@@ -208,7 +210,7 @@ def test_after_a_purge_the_values_are_kept_until_the_producer_is_closed() -> Non
     producer = _mock(**{"linger.ms": "200"})
     tracker = DeliveryTracker()
     producer.tracker = tracker
-    send_batch(producer, _batch(100), "t", 0, None, tracker, str)
+    producer.send_segment(_batch(100), "t", 0, None, tracker, str)
     producer.purge()
     producer.flush(10)
     assert len(producer) == 0 and producer._p.held() == 1

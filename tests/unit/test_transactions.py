@@ -8,6 +8,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from recoverable_sink import attempt_log, task, transactions
+from recoverable_sink.confluent_producer import RecordsSender
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError
 from recoverable_sink.options import parse_options
@@ -16,8 +17,8 @@ from recoverable_sink.records import SchemaPlan
 OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t", "delivery.guarantee": "exactly_once"}
 
 
-class _Producer:
-    """Stands in for the transactional producer: ``init_transactions`` times out or succeeds."""
+class _Producer(RecordsSender):
+    """Stands in for librdkafka under the transactional producer: ``init_transactions`` times out or succeeds."""
 
     made: list[_Producer] = []
 
@@ -57,7 +58,7 @@ def producers(monkeypatch: pytest.MonkeyPatch):
     _Producer.made = []
 
     def install(init_fails: bool) -> list[_Producer]:
-        monkeypatch.setattr(transactions, "new_producer", lambda conf, native: _Producer(conf, init_fails))
+        monkeypatch.setattr(transactions, "new_producer", lambda conf, *_: _Producer(conf, init_fails))
         monkeypatch.setattr(transactions.PartitionTransaction, "read_markers", lambda self: [])
         return _Producer.made
 

@@ -1,0 +1,177 @@
+"""The confluent-kafka producer (executor): the sink's producer interface over confluent-kafka's ``Producer``,
+one ``produce()`` call per record. It runs where the ``_produce`` extension is not built (``--py-files``, no C
+compiler) or ``producer.native=false``; failure reports are matched to records by content (topic, key, value).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from operator import length_hint
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from recoverable_sink.producer import fatal_errors, refused
+from recoverable_sink.records import KafkaRecords, to_records
+from recoverable_sink.tracker import DeliveryTracker, Handed
+
+
+class RecordsSender:
+    """The producer interface's sending and metadata calls, in terms of a librdkafka client's ``produce``,
+    ``poll`` and ``list_topics`` (confluent-kafka's, or a test's stand-in for it)."""
+
+    kind = "confluent"
+
+    def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
+                     tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
+        return produce(self, to_records(batch), topic, seg_first, skip, tracker, scrub,  # type: ignore[arg-type]
+                       lambda: to_records(batch))
+
+    def connect(self, timeout_s: float, topic: str | None = None) -> str | None:
+        try:
+            self.list_topics(topic, timeout=timeout_s)  # type: ignore[attr-defined]
+        except KafkaException as exc:
+            return str(exc)
+        return None
+
+    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
+        meta = self.list_topics(topic, timeout=timeout_s).topics.get(topic)  # type: ignore[attr-defined]
+        if meta is None or meta.error is not None:
+            return -1, meta.error.str() if meta is not None and meta.error is not None else "no metadata"
+        return len(meta.partitions), None
+
+
+class ConfluentProducer(RecordsSender, Producer):
+    """confluent-kafka's producer reporting failed deliveries only, to the tracker of the task using it."""
+
+    def __init__(self, conf: dict[str, Any], client_conf: dict[str, Any] | None = None) -> None:
+        # A plain function over a one-item list: the producer holds its callback, and a callback holding the
+        # producer (a bound method) would make a cycle that only the garbage collector breaks.
+        slot: list[DeliveryTracker | None] = [None]
+
+        def on_failure(err: KafkaError | None, msg: Message) -> None:
+            tracker = slot[0]
+            if err is not None and tracker is not None:
+                tracker.on_failure(err, msg)
+
+        super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": on_failure})
+        self._slot = slot
+        self._client_conf = client_conf  # for the consumer that carries a commit marker's group metadata
+
+    @property
+    def tracker(self) -> DeliveryTracker | None:
+        return self._slot[0]
+
+    @tracker.setter
+    def tracker(self, tracker: DeliveryTracker | None) -> None:
+        self._slot[0] = tracker
+
+    def send_marker(self, group: str, topic: str, partition: int, offset: int, metadata: str,
+                    timeout_s: float) -> None:
+        """confluent-kafka takes a group's metadata only from a consumer (which never subscribes here)."""
+        assert self._client_conf is not None, "a transactional producer is made with its client configuration"
+        consumer = Consumer({**self._client_conf, "group.id": group, "enable.auto.commit": "false"})
+        try:
+            marker = TopicPartition(topic, partition, offset, metadata)
+            self.send_offsets_to_transaction([marker], consumer.consumer_group_metadata(), timeout_s)
+        finally:
+            consumer.close()
+
+
+# produce()'s own defaults for its optional positional arguments: key, partition, on_delivery, callback,
+# timestamp, headers.
+_DEFAULTS: tuple[object, ...] = (None, -1, None, None, 0, None)
+
+
+def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_first: int,
+            skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str],
+            recompute: Callable[[], KafkaRecords] | None = None) -> int:
+    """Hand one segment's records to the producer, except those marked in ``skip`` (already delivered),
+    which are recorded as acknowledged. Returns how many were handed over. ``recompute`` gives the records
+    again if a failure report must be matched (default: keep ``records`` until the next drain).
+
+    Blocks (serving reports) while librdkafka's local queue is full: nothing is dropped, and records keep
+    their order. This is the hot loop of the sink: one ``produce`` call per record, no per-record callback,
+    and no per-record Python bytecode either (``map`` drives the calls from C, about 2x a ``for`` loop)."""
+    n = len(records)
+    bitmap, rows = tracker.segment(seg_first, n, skip)
+    # produce()'s positional arguments (cheaper than keywords): topic, value, then key, partition (-1: the
+    # partitioner picks), on_delivery (None: the producer's failure report), callback (unused alias),
+    # timestamp (0: unset), headers. Only as far as the last one the records set: each argument left out is
+    # one less to parse (topic, value and key alone make a call about 15% cheaper than all eight).
+    optional = [
+        records.keys,
+        [-1 if p is None else p for p in records.partitions] if records.partitions is not None else None,
+        None,
+        None,
+        [0 if t is None else t for t in records.timestamps] if records.timestamps is not None else None,
+        records.headers,
+    ]
+    given = max((i + 1 for i, column in enumerate(optional) if column is not None), default=0)
+    columns = [records.topics if records.topics is not None else [topic] * n, records.values]
+    columns += [column if column is not None else [_DEFAULTS[i]] * n for i, column in enumerate(optional[:given])]
+    if rows is not None:
+        columns = [[column[i] for i in rows] for column in columns]
+    count, handed = len(columns[1]), 0
+    with fatal_errors():
+        try:
+            _send_in_order(producer, columns)
+            handed = count
+        except _Stopped as stop:
+            handed = stop.index
+            if isinstance(stop.exc, KafkaException):
+                partition = columns[3][handed] if len(columns) > 3 else -1
+                raise refused(stop.exc, seg_first + (handed if rows is None else rows[handed]),
+                               columns[0][handed], partition, scrub, tracker) from None
+            raise stop.exc  # noqa: B904 - as it was: fatal_errors() reads a SystemError's cause
+        finally:
+            # Counted even when a record is refused midway (that record and those after it were not handed
+            # over): the failure path waits for the acknowledgements of those before it.
+            upto = n if handed == count else handed if rows is None else rows[handed]
+            tracker.handed(Handed(seg_first, bitmap, upto, topic, recompute or (lambda: records)), handed)
+        producer.poll(0)
+    return handed
+
+
+class _Stopped(Exception):
+    """``exc`` stopped the sending at row ``index``: the rows before it were handed over, it and later ones not."""
+
+    def __init__(self, index: int, exc: BaseException) -> None:
+        super().__init__(index)
+        self.index = index
+        self.exc = exc
+
+
+def _send_in_order(producer: Producer, columns: list[list[Any]]) -> None:
+    """Call ``produce`` once per row of ``columns`` (its positional arguments, column by column), from C.
+    When librdkafka's queue is full the row that did not fit is retried (serving reports) before any later
+    row is tried, so rows are handed over in order. Raises _Stopped when anything else stops it."""
+    send = producer.produce
+    count = len(columns[1])
+    rows = [iter(column) for column in columns]
+    while True:
+        try:
+            deque(map(send, *rows), maxlen=0)
+            return
+        except BaseException as exc:
+            # map took row i from every column before its call failed: the rest is what the columns have left.
+            i = count - length_hint(rows[1]) - 1
+            if not isinstance(exc, BufferError):
+                raise _Stopped(i, exc) from None
+            try:
+                _send_when_room(producer, *(column[i] for column in columns))
+            except BaseException as failed:
+                raise _Stopped(i, failed) from None
+
+
+def _send_when_room(producer: Producer, *record: object) -> None:
+    """librdkafka's local queue is full: serve reports until it takes the record (nothing is dropped)."""
+    while True:
+        producer.poll(0.05)
+        try:
+            producer.produce(*record)
+            return
+        except BufferError:
+            continue

@@ -1,0 +1,155 @@
+"""The native producer (executor): the sink's producer interface over the ``_produce`` C extension, which feeds
+a batch's Arrow buffers to librdkafka in one C call without the GIL and keeps failure reports, by record
+position, in C until the task collects them. librdkafka is the one inside confluent-kafka's wheel, opened at run
+time; :func:`native_module` says once per process which producer path runs and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException
+
+from recoverable_sink._logging import get_logger
+from recoverable_sink.producer import fatal_errors, refused
+from recoverable_sink.records import producer_columns
+from recoverable_sink.tracker import DeliveryTracker, Handed
+
+log = get_logger("delivery")
+
+
+def _librdkafka_path() -> str:
+    """The librdkafka that confluent-kafka's own producer uses (its wheel ships one), else the system's."""
+    libs = Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
+    found = sorted(libs.glob("librdkafka*.so*"))
+    return str(found[0]) if found else "librdkafka.so.1"
+
+
+_native: list[Any] = []  # [the loaded _produce module, or None], decided once per process
+
+
+def native_module() -> Any:
+    """The ``_produce`` extension with librdkafka loaded, or None where it is not built or cannot load. The
+    first call logs which producer path this process takes and, where it is the slower one, why."""
+    if not _native:
+        try:
+            from recoverable_sink import _produce  # optional, like the digests
+        except ImportError as exc:
+            log.warning("the native produce loop is not available in this Python (%s: the package was installed "
+                        "without its C extension, e.g. from --py-files or without a C compiler); producing "
+                        "through confluent-kafka, which is slower", exc)
+            _native.append(None)
+        else:
+            path = _librdkafka_path()
+            try:
+                version = _produce.load(path)
+            except OSError as exc:
+                log.warning("the native produce loop is off (%s); producing through confluent-kafka, which is "
+                            "slower", exc)
+                _native.append(None)
+            else:
+                log.info("producing through the native produce loop (librdkafka %s from %s)", version, path)
+                _native.append(_produce)
+    return _native[0]
+
+
+class NativeProducer:
+    """A librdkafka producer fed from Arrow buffers by the ``_produce`` extension. Only failures are reported;
+    they are collected after every ``poll``/``flush`` and handed to ``tracker`` (set by the task using it)."""
+
+    kind = "native"
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        module = native_module()
+        if module is None:
+            raise RuntimeError("the _produce extension is not available")
+        self._p = module.Producer({k: str(v) for k, v in conf.items()})
+        self.tracker: DeliveryTracker | None = None
+
+    def _collect(self) -> None:
+        failures = self._p.take_failures()
+        if failures and self.tracker is not None:
+            self.tracker.on_failures_at(failures)
+
+    def poll(self, timeout: float = 0) -> int:
+        try:
+            return self._p.poll(timeout)
+        finally:
+            self._collect()
+
+    def flush(self, timeout: float = -1) -> int:
+        try:
+            return self._p.flush(timeout)
+        finally:
+            self._collect()
+
+    def __len__(self) -> int:
+        return len(self._p)
+
+    def purge(self) -> None:
+        self._p.purge()
+
+    def _send(self, topic: str | None, batch: pa.RecordBatch, slot: int) -> tuple[int, int, str]:
+        """Hand every row of a normalised batch over, in order: (rows handed, error code, text)."""
+        return self._p.send(topic, batch.num_rows, slot, *producer_columns(batch))
+
+    def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
+                     tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
+        """The batch's Arrow buffers go to librdkafka in one C call; each record's opaque is its position."""
+        n = batch.num_rows
+        bitmap, rows = tracker.segment(seg_first, n, skip)
+        if rows is not None:
+            batch = batch.take(pa.array(rows, pa.int64()))
+        slot = tracker.next_slot()
+        handed, code, text = 0, 0, ""
+        with fatal_errors():
+            try:
+                if batch.num_rows:  # every row may have been skipped
+                    handed, code, text = self._send(topic, batch, slot)
+            finally:
+                upto = n if handed == batch.num_rows else handed if rows is None else rows[handed]
+                tracker.handed(Handed(seg_first, bitmap, upto, topic, None, slot, rows), handed)
+            if code:
+                # A handle in a fatal state (fenced, idempotence lost) refuses every record with that error's code:
+                # poll raises it as fatal, which the task reports as such, not as this record's problem.
+                self.poll(0)
+                names = batch.schema.names
+                row_topic = batch.column("topic")[handed].as_py() if "topic" in names else topic
+                part = batch.column("partition")[handed].as_py() if "partition" in names else None
+                position = seg_first + (handed if rows is None else rows[handed])
+                raise refused(KafkaException(KafkaError(code, text)), position, row_topic, -1 if part is None else part,
+                               scrub, tracker)
+            self.poll(0)
+        return handed
+
+    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
+        count, code, text = self._p.partition_count(topic, timeout_s)
+        return count, (text or KafkaError(code).str()) if count < 0 else None
+
+    def connect(self, timeout_s: float, topic: str | None = None) -> str | None:
+        """Wait until a broker answers a metadata request: None, or why not (any broker: ``topic`` is not asked
+        about)."""
+        code, text = self._p.connect(timeout_s)
+        return (text or KafkaError(code).str()) if code else None
+
+    # exactly_once: the transaction calls, with confluent-kafka's names and errors (KafkaException).
+    def init_transactions(self, timeout_s: float) -> None:
+        self._p.init_transactions(timeout_s)
+
+    def begin_transaction(self) -> None:
+        self._p.begin_transaction()
+
+    def send_marker(self, group: str, topic: str, partition: int, offset: int, metadata: str,
+                    timeout_s: float) -> None:
+        """The commit marker: ``group``'s offset of (topic, partition), inside the open transaction."""
+        self._p.send_offset(group, topic, partition, offset, metadata, timeout_s)
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        self._p.commit_transaction(timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self._p.abort_transaction(timeout_s)
