@@ -19,7 +19,7 @@ $(STAMP_JARS): FORCE
 endif
 FORCE:
 
-$(STAMP_PY): pyproject.toml recoverable_sink/_digests.c recoverable_sink/_produce.c
+$(STAMP_PY): pyproject.toml $(wildcard recoverable_sink/*.c recoverable_sink/*.h)
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	@# The editable install is a plain path entry to the repository, which pkgutil.iter_modules() (Spark's

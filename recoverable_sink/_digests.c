@@ -1,16 +1,20 @@
 /* recoverable_sink._digests: the record digests of a whole Arrow batch in one call, without the GIL.
  *
  * BLAKE2b with a 16-byte digest, written from RFC 7693 (no key, salt or personalisation), over
- * prefix || element for each element of an Arrow binary array (given as its offsets and data buffers).
+ * prefix || element for each element of an Arrow binary array (taken through the Arrow C Data Interface,
+ * _arrow_reader.h).
  * The same bytes as hashlib.blake2b(prefix + element, digest_size=16).digest(): recoverable_sink.identity
  * falls back to hashlib where this module was not built (spark-submit --py-files), and the unit tests hold
  * the two to the same results. Where the CPU has AVX-512 or AVX2, eight or four records are hashed per pass
  * (digest_lanes8, digest_lanes4), two to three times the records per second of one at a time.
+ * Built against the limited API of Python 3.10 (the stable ABI): one build serves every later Python.
  */
+#define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "_arrow_reader.h"
 
 #define BLOCK 128
 #define OUT 16
@@ -133,8 +137,8 @@ static void digest2(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen
  * works on independent messages. Two builds of the same rounds (_digests_lanes.h): eight lanes in AVX-512
  * registers, where rotations are one instruction, and four lanes in AVX2 registers, where the rotations by 32,
  * 24 and 16 bits are byte shuffles within a register (GCC lowers a shuffle of a vector wider than the CPU's
- * element by element, so the AVX2 build cannot use eight lanes in two registers with shuffles: as shifts they
- * cost 22 against 12 ms for 10,000 1 KB records on an AMD EPYC). The module picks one when it loads. The
+ * element by element, so the AVX2 build cannot use eight lanes in two registers with shuffles, and rotations as
+ * shifts cost more: docs/performance.md, "Digest extension"). The module picks one when it loads. The
  * digests are the same bytes as digest2's, which the unit tests hold to hashlib's. */
 #define MAX_LANES 8
 #define VG(a, b, c, d, x, y)         \
@@ -179,17 +183,24 @@ typedef uint8_t bytes4_t __attribute__((vector_size(32)));
 /* Byte b of a rotated word comes from byte (b + n / 8) % 8 of the same word: vpshufd for 32, vpshufb for 24, 16. */
 #define BYTE_ROT(w, k) 8 * (w) + (k) % 8, 8 * (w) + (1 + (k)) % 8, 8 * (w) + (2 + (k)) % 8, 8 * (w) + (3 + (k)) % 8, \
                        8 * (w) + (4 + (k)) % 8, 8 * (w) + (5 + (k)) % 8, 8 * (w) + (6 + (k)) % 8, 8 * (w) + (7 + (k)) % 8
+#if defined(__clang__) /* the zig (clang) build of the released wheels: the same shuffles, clang's spelling */
+#define WORD_SHUFFLE(x, k)                                                                                     \
+    ((lanes4_t)__builtin_shufflevector((bytes4_t)(x), (bytes4_t)(x), BYTE_ROT(0, k), BYTE_ROT(1, k),          \
+                                       BYTE_ROT(2, k), BYTE_ROT(3, k)))
+#define ROT32(x) ((lanes4_t)__builtin_shufflevector((words4_t)(x), (words4_t)(x), 1, 0, 3, 2, 5, 4, 7, 6))
+#else
 #define WORD_SHUFFLE(x, k)                                                                                     \
     ((lanes4_t)__builtin_shuffle((bytes4_t)(x),                                                               \
                                  (bytes4_t){BYTE_ROT(0, k), BYTE_ROT(1, k), BYTE_ROT(2, k), BYTE_ROT(3, k)}))
 #define ROT32(x) ((lanes4_t)__builtin_shuffle((words4_t)(x), (words4_t){1, 0, 3, 2, 5, 4, 7, 6}))
+#endif
 #define ROT24(x) WORD_SHUFFLE(x, 3)
 #define ROT16(x) WORD_SHUFFLE(x, 2)
 #define ROT63(x) (((x) >> 63) | ((x) + (x)))
 #include "_digests_lanes.h"
 
 /* Without AVX2 the lanes cost more than one record at a time (SSE2 splits every vector, with rotations as two
- * shifts): 28 against 18 ms for 10,000 1 KB records. Set when the module loads: 8, 4 or 0. */
+ * shifts). Set when the module loads: 8, 4 or 0. */
 static int lanes = 0;
 #else
 #define MAX_LANES 0
@@ -208,33 +219,27 @@ static inline int64_t offset_at(const uint8_t *offs, int wide, Py_ssize_t i) {
 }
 
 static PyObject *batch(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer prefix, offsets, data;
-    Py_ssize_t first, count;
-    int wide;
-    if (!PyArg_ParseTuple(args, "y*y*y*nnp", &prefix, &offsets, &data, &first, &count, &wide)) return NULL;
+    const char *prefix;
+    Py_ssize_t prefix_len;
+    PyObject *bodies;
+    if (!PyArg_ParseTuple(args, "y#O", &prefix, &prefix_len, &bodies)) return NULL;
+    ar_ref_t ref;
+    ar_binary_t col;
+    if (ar_import(bodies, "bodies", &ref) < 0) return NULL;
     PyObject *result = NULL;
-    size_t width = wide ? 8 : 4;
-    if (first < 0 || count < 0 || (size_t)offsets.len < (size_t)(first + count + 1) * width) {
-        PyErr_SetString(PyExc_ValueError, "offsets buffer too short for the rows asked");
-        goto done;
-    }
+    /* Every offset is checked here, so that the hashing below only reads inside the buffers. */
+    if (ar_binary(ref.schema, ref.array, 0, -1, 1, "bodies", &col) < 0) goto done;
+    Py_ssize_t first = (Py_ssize_t)col.offset, count = (Py_ssize_t)col.length;
+    int wide = col.wide;
     result = PyBytes_FromStringAndSize(NULL, count * OUT);
     if (result == NULL) goto done;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-    const uint8_t *offs = (const uint8_t *)offsets.buf, *bytes = (const uint8_t *)data.buf;
-    int bad = 0;
-    const uint8_t *pre = (const uint8_t *)prefix.buf;
+    uint8_t *out = (uint8_t *)PyBytes_AsString(result);
+    const uint8_t *offs = col.offsets, *bytes = col.data;
+    const uint8_t *pre = (const uint8_t *)prefix;
     Py_BEGIN_ALLOW_THREADS
-    /* Check every offset first, so that the hashing below only reads inside the buffers. */
-    int64_t prev = 0;
-    for (Py_ssize_t i = 0; i <= count && !bad; i++) {
-        int64_t at = offset_at(offs, wide, first + i);
-        bad = at < 0 || at > data.len || (i > 0 && at < prev);
-        prev = at;
-    }
     Py_ssize_t i = 0;
 #if MAX_LANES
-    for (; !bad && lanes && i + lanes <= count; i += lanes) {
+    for (; lanes && i + lanes <= count; i += lanes) {
         const uint8_t *bodies[MAX_LANES];
         size_t lens[MAX_LANES];
         for (int l = 0; l < lanes; l++) {
@@ -243,45 +248,34 @@ static PyObject *batch(PyObject *Py_UNUSED(self), PyObject *args) {
             lens[l] = (size_t)(offset_at(offs, wide, first + i + l + 1) - start);
         }
         if (lanes == 8)
-            digest_lanes8(pre, (size_t)prefix.len, bodies, lens, out + OUT * i);
+            digest_lanes8(pre, (size_t)prefix_len, bodies, lens, out + OUT * i);
         else
-            digest_lanes4(pre, (size_t)prefix.len, bodies, lens, out + OUT * i);
+            digest_lanes4(pre, (size_t)prefix_len, bodies, lens, out + OUT * i);
     }
 #endif
-    for (; !bad && i < count; i++) {
+    for (; i < count; i++) {
         int64_t start = offset_at(offs, wide, first + i);
-        digest2(pre, (size_t)prefix.len, bytes + start, (size_t)(offset_at(offs, wide, first + i + 1) - start),
+        digest2(pre, (size_t)prefix_len, bytes + start, (size_t)(offset_at(offs, wide, first + i + 1) - start),
                 out + OUT * i);
     }
     Py_END_ALLOW_THREADS
-    if (bad) {
-        Py_CLEAR(result);
-        PyErr_SetString(PyExc_ValueError, "an offset points outside the data buffer");
-    }
 done:
-    PyBuffer_Release(&prefix);
-    PyBuffer_Release(&offsets);
-    PyBuffer_Release(&data);
+    ar_clear(&ref);
     return result;
 }
 
 /* ---- records(prefix, count, fields): the digests of a batch's records from its columns, with no joined copy --
  * Each record's message is prefix || the concatenation of `fields`, each one of:
- *   bytes                                  the same bytes for every record
- *   (0, validity, offsets, data, offset)   a binary column's value (nothing for a null)
- *   (1, validity, offsets, data, offset)   its length frame: 4 bytes little-endian, 0xFFFFFFFF for a null
- *   (2, validity, offsets, offset, n, key, value)   a list of (key, value) headers: for each, "h", the key's
- *                                          frame and bytes, the value's frame and bytes (nothing for a null list);
- *                                          key and value are (validity, offsets, data, offset) of n items
- * (validity: None or an Arrow bitmap; offsets: int32). The same bytes recoverable_sink.identity._bodies builds
- * with Arrow, gathered record by record into a small buffer instead (a few records' worth, in cache): Arrow's
- * joins wrote every record into a new array first, which took as long as hashing it with 100 B values. */
-typedef struct {
-    const uint8_t *valid; Py_ssize_t valid_len;
-    const uint8_t *offs; Py_ssize_t offs_len;
-    const uint8_t *data; Py_ssize_t data_len;
-    Py_ssize_t offset;
-} column_t;
+ *   bytes                        the same bytes for every record
+ *   (0, name, array)             a binary or string column's value (nothing for a null)
+ *   (1, name, array)             its length frame: 4 bytes little-endian, 0xFFFFFFFF for a null
+ *   (2, name, array)             a list<struct<key, value>> of headers: for each, "h", the key's frame and bytes,
+ *                                the value's frame and bytes (nothing for a null list)
+ * (arrays: anything with __arrow_c_array__, 32-bit offsets, `count` rows; name: the column, for errors). The same
+ * bytes recoverable_sink.identity._bodies builds with Arrow, gathered record by record into a small buffer
+ * instead (a few records' worth, in cache): Arrow's joins wrote every record into a new array first, which took
+ * as long as hashing it with 100 B values. */
+typedef ar_binary_t column_t;
 enum { F_LITERAL = 3, F_DATA = 0, F_FRAME = 1, F_HEADERS = 2 };
 typedef struct {
     int kind;
@@ -291,7 +285,6 @@ typedef struct {
     Py_ssize_t items;  /* F_HEADERS: how many (key, value) items the list offsets may point at */
 } field_t;
 #define MAX_FIELDS 32
-#define MAX_BUFFERS (MAX_FIELDS * 9)
 static inline int is_valid(const column_t *c, Py_ssize_t i) {
     if (c->valid == NULL) return 1;
     Py_ssize_t bit = c->offset + i;
@@ -299,22 +292,8 @@ static inline int is_valid(const column_t *c, Py_ssize_t i) {
 }
 static inline int32_t off32(const column_t *c, Py_ssize_t i) {
     int32_t x;
-    memcpy(&x, c->offs + 4 * (c->offset + i), 4);
+    memcpy(&x, c->offsets + 4 * (c->offset + i), 4);
     return x;
-}
-/* A column of `rows` entries whose offsets stay inside [0, limit] (its data's length, or a list's item count). */
-static int check_column(const column_t *c, Py_ssize_t rows, Py_ssize_t limit) {
-    if (rows == 0) return c->offset >= 0;  /* nothing is read (Arrow may leave an empty array without offsets) */
-    if (c->offset < 0 || c->offs_len < 4 * (c->offset + rows + 1)) return 0;
-    if (c->valid != NULL && c->valid_len < (c->offset + rows + 7) / 8) return 0;
-    int32_t prev = off32(c, 0);
-    if (prev < 0 || prev > limit) return 0;
-    for (Py_ssize_t i = 1; i <= rows; i++) {
-        int32_t at = off32(c, i);
-        if (at < prev || at > limit) return 0;
-        prev = at;
-    }
-    return 1;
 }
 typedef struct {
     uint8_t *p;
@@ -372,91 +351,67 @@ static int gather_record(growable_t *b, const field_t *fields, int nfields, Py_s
     }
     return 1;
 }
-/* Parse (validity, offsets, data, offset) starting at item `at` of tuple t into c, keeping the buffers in views. */
-static int parse_column(PyObject *t, Py_ssize_t at, int with_data, column_t *c, Py_buffer *views, int *nviews) {
-    PyObject *valid = PyTuple_GET_ITEM(t, at), *offs = PyTuple_GET_ITEM(t, at + 1);
-    memset(c, 0, sizeof *c);
-    if (valid != Py_None) {
-        if (PyObject_GetBuffer(valid, &views[*nviews], PyBUF_SIMPLE) < 0) return 0;
-        c->valid = views[*nviews].buf;
-        c->valid_len = views[(*nviews)++].len;
-    }
-    if (offs != Py_None) {
-        if (PyObject_GetBuffer(offs, &views[*nviews], PyBUF_SIMPLE) < 0) return 0;
-        c->offs = views[*nviews].buf;
-        c->offs_len = views[(*nviews)++].len;
-    }
-    if (with_data) {
-        PyObject *data = PyTuple_GET_ITEM(t, at + 2);
-        if (data == Py_None) {
-            c->data = (const uint8_t *)"";
-        } else {
-            if (PyObject_GetBuffer(data, &views[*nviews], PyBUF_SIMPLE) < 0) return 0;
-            c->data = views[*nviews].buf;
-            c->data_len = views[(*nviews)++].len;
-        }
-    }
-    c->offset = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, at + (with_data ? 3 : 2)));
-    return !(c->offset == -1 && PyErr_Occurred());
-}
-static int parse_field(PyObject *item, Py_ssize_t count, field_t *fd, Py_buffer *views, int *nviews) {
+/* One field of records()' spec into fd; an array field is imported into ref (kept until the digests are made). */
+static int parse_field(PyObject *item, Py_ssize_t count, field_t *fd, ar_ref_t *ref) {
     memset(fd, 0, sizeof *fd);
+    memset(ref, 0, sizeof *ref);
     if (PyBytes_Check(item)) {
+        char *lit;
         fd->kind = F_LITERAL;
-        fd->lit = (const uint8_t *)PyBytes_AS_STRING(item);
-        fd->lit_len = PyBytes_GET_SIZE(item);
+        if (PyBytes_AsStringAndSize(item, &lit, &fd->lit_len) < 0) return 0;
+        fd->lit = (const uint8_t *)lit;
         return 1;
     }
-    Py_ssize_t n = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 0;
-    long kind = n ? PyLong_AsLong(PyTuple_GET_ITEM(item, 0)) : -1;
-    if ((kind == F_DATA || kind == F_FRAME) && n == 5) {
-        fd->kind = (int)kind;
-        if (!parse_column(item, 1, 1, &fd->col, views, nviews)) return 0;
-        if (!check_column(&fd->col, count, fd->col.data_len)) goto bad;
-        return 1;
+    long kind = -1;
+    const char *name = NULL;
+    if (PyTuple_Check(item) && PyTuple_Size(item) == 3) {
+        kind = PyLong_AsLong(PyTuple_GetItem(item, 0));
+        name = kind == -1 ? NULL : PyUnicode_AsUTF8AndSize(PyTuple_GetItem(item, 1), NULL);
+        if (PyErr_Occurred()) return 0;
     }
-    if (kind == F_HEADERS && n == 7) {
-        PyObject *key = PyTuple_GET_ITEM(item, 5), *value = PyTuple_GET_ITEM(item, 6);
-        fd->kind = F_HEADERS;
-        fd->items = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 4));
-        if (fd->items < 0 || !PyTuple_Check(key) || PyTuple_GET_SIZE(key) != 4 || !PyTuple_Check(value) ||
-            PyTuple_GET_SIZE(value) != 4) {
-            if (!PyErr_Occurred()) goto bad;
-            return 0;
-        }
-        if (!parse_column(item, 1, 0, &fd->col, views, nviews) || !parse_column(key, 0, 1, &fd->key, views, nviews) ||
-            !parse_column(value, 0, 1, &fd->value, views, nviews))
-            return 0;
-        if (!check_column(&fd->col, count, fd->items) || !check_column(&fd->key, fd->items, fd->key.data_len) ||
-            !check_column(&fd->value, fd->items, fd->value.data_len))
-            goto bad;
-        return 1;
+    if (name == NULL || (kind != F_DATA && kind != F_FRAME && kind != F_HEADERS)) {
+        PyErr_SetString(PyExc_ValueError, "a field is neither bytes nor a (kind 0, 1 or 2, name, array) tuple");
+        return 0;
     }
-    if (PyErr_Occurred()) return 0;
-bad:
-    PyErr_SetString(PyExc_ValueError, "a field is malformed or its buffers are too short for the rows asked");
-    return 0;
+    if (ar_import(PyTuple_GetItem(item, 2), name, ref) < 0) return 0;
+    fd->kind = (int)kind;
+    if (kind != F_HEADERS) return ar_binary_rows(ref->schema, ref->array, count, 0, name, &fd->col) == 0;
+    ar_headers_t h;
+    if (ar_headers(ref->schema, ref->array, count, 0, name, &h) < 0) return 0;
+    fd->col.valid = h.valid;
+    fd->col.offsets = (const uint8_t *)h.offsets;
+    fd->col.offset = h.offset;
+    fd->col.length = h.length;
+    fd->key = h.key;
+    fd->value = h.value;
+    fd->items = (Py_ssize_t)h.items;
+    return 1;
 }
 static PyObject *records(PyObject *Py_UNUSED(self), PyObject *args) {
-    Py_buffer prefix;
-    Py_ssize_t count;
+    const char *prefix;
+    Py_ssize_t prefix_len, count;
     PyObject *spec;
-    if (!PyArg_ParseTuple(args, "y*nO!", &prefix, &count, &PyTuple_Type, &spec)) return NULL;
-    Py_buffer views[MAX_BUFFERS];
-    int nviews = 0, nfields = (int)PyTuple_GET_SIZE(spec), ok = 1;
+    if (!PyArg_ParseTuple(args, "y#nO!", &prefix, &prefix_len, &count, &PyTuple_Type, &spec)) return NULL;
+    ar_ref_t refs[MAX_FIELDS];
+    int nrefs = 0, nfields = (int)PyTuple_Size(spec), ok = 1;
     field_t fields[MAX_FIELDS];
     PyObject *result = NULL;
     if (count < 0 || nfields > MAX_FIELDS) {
         PyErr_SetString(PyExc_ValueError, "a negative count, or too many fields");
         goto done;
     }
-    for (int f = 0; f < nfields; f++)
-        if (!parse_field(PyTuple_GET_ITEM(spec, f), count, &fields[f], views, &nviews)) goto done;
+    for (int f = 0; f < nfields; f++) {
+        if (!parse_field(PyTuple_GetItem(spec, f), count, &fields[f], &refs[nrefs])) {
+            ar_clear(&refs[nrefs]);
+            goto done;
+        }
+        if (refs[nrefs].capsules != NULL) nrefs++;
+    }
     result = PyBytes_FromStringAndSize(NULL, count * OUT);
     if (result == NULL) goto done;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
-    const uint8_t *pre = (const uint8_t *)prefix.buf;
-    size_t plen = (size_t)prefix.len;
+    uint8_t *out = (uint8_t *)PyBytes_AsString(result);
+    const uint8_t *pre = (const uint8_t *)prefix;
+    size_t plen = (size_t)prefix_len;
     Py_BEGIN_ALLOW_THREADS
     growable_t b = {NULL, 0, 0};
     int step = 1;
@@ -493,23 +448,22 @@ static PyObject *records(PyObject *Py_UNUSED(self), PyObject *args) {
         PyErr_NoMemory();
     }
 done:
-    for (int v = 0; v < nviews; v++) PyBuffer_Release(&views[v]);
-    PyBuffer_Release(&prefix);
+    for (int r = 0; r < nrefs; r++) ar_clear(&refs[r]);
     return result;
 }
 static PyMethodDef methods[] = {
     {"batch", batch, METH_VARARGS,
-     "batch(prefix, offsets, data, first, count, wide) -> bytes\n\n"
-     "BLAKE2b-128 of prefix + element for `count` elements of an Arrow binary array from `first`, given its\n"
-     "offsets buffer (int32, or int64 if `wide`) and data buffer; 16 bytes per element, concatenated."},
+     "batch(prefix, bodies) -> bytes\n\n"
+     "BLAKE2b-128 of prefix + element for every element of `bodies`, an Arrow binary or string array (anything\n"
+     "with __arrow_c_array__); 16 bytes per element, concatenated."},
     {"records", records, METH_VARARGS,
      "records(prefix, count, fields) -> bytes\n\n"
      "BLAKE2b-128 of prefix + the concatenation of `fields` for each of `count` records, gathered from Arrow\n"
-     "buffers (see the comment above records in _digests.c); 16 bytes per record, concatenated."},
+     "arrays (see the comment above records in _digests.c); 16 bytes per record, concatenated."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_digests", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, .m_name = "_digests", .m_size = -1, .m_methods = methods};
 
 PyMODINIT_FUNC PyInit__digests(void) {
     int n = 0;

@@ -8,22 +8,30 @@
  *
  * librdkafka is not linked: load() opens the library confluent-kafka ships (the same build its producer
  * uses) or the system's, checks its version and looks up the functions below. They are declared in
- * _rdkafka_api.h, so building needs only a C compiler and Python's headers.
+ * _rdkafka_api.h, so building needs only a C compiler and Python's headers. The columns come through the Arrow
+ * C Data Interface (_arrow_reader.h), and only the limited API of Python 3.10 is used (the stable ABI).
+ *
+ * librdkafka's log lines are kept here, not written to stderr: its threads cannot call Python, so the lines wait
+ * in a bounded queue until take_logs() hands them to the sink's logger (delivery.NativeProducer, at every poll).
  */
+#define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "_arrow_reader.h"
 #include "_rdkafka_api.h"
 
 #define RK_FUNCS(X)                                                                                        \
     X(rd_kafka_version) X(rd_kafka_version_str) X(rd_kafka_conf_new) X(rd_kafka_conf_set)                  \
     X(rd_kafka_conf_destroy) X(rd_kafka_conf_set_dr_msg_cb) X(rd_kafka_conf_set_opaque) X(rd_kafka_new)    \
-    X(rd_kafka_destroy)                                                                                    \
+    X(rd_kafka_destroy) X(rd_kafka_conf_set_log_cb) X(rd_kafka_opaque) X(rd_kafka_name)                    \
     X(rd_kafka_topic_new) X(rd_kafka_topic_destroy) X(rd_kafka_topic_name) X(rd_kafka_produceva)           \
     X(rd_kafka_poll) X(rd_kafka_flush) X(rd_kafka_outq_len) X(rd_kafka_purge) X(rd_kafka_fatal_error)      \
     X(rd_kafka_err2str) X(rd_kafka_headers_new) X(rd_kafka_headers_destroy) X(rd_kafka_header_add)         \
@@ -39,7 +47,7 @@
 RK_FUNCS(DECLARE)
 
 static int loaded = 0;
-static PyObject *KafkaErrorType = NULL, *KafkaExceptionType = NULL;
+static PyObject *KafkaErrorType = NULL, *KafkaExceptionType = NULL, *ProducerType = NULL;
 
 /* ---- errors -------------------------------------------------------------------------------------------- */
 
@@ -77,12 +85,21 @@ typedef struct {
     char *topic;
 } Failure;
 
+#define LOG_LINES_KEPT 1000 /* log lines kept between two take_logs(); later ones are counted, not kept */
+
+typedef struct {
+    int level; /* syslog's, 0 (emergency) to 7 (debug) */
+    char *text;
+} LogLine;
+
 typedef struct {
     PyObject_HEAD
     rd_kafka_t *rk;
-    pthread_mutex_t lock; /* failures are appended by whichever thread serves reports */
+    pthread_mutex_t lock; /* failures and log lines are appended by whichever thread serves reports or logs */
     Failure *failures;
     size_t count, capacity, named;
+    LogLine *logs;
+    size_t logs_count, logs_dropped;
     int busy; /* a call is using rk without the GIL: close() must not destroy it meanwhile */
     /* Records are handed over without a copy of their values: librdkafka reads each value from the batch's own
      * Arrow buffer until the record is destroyed (acknowledged or failed). The value columns of every send()
@@ -122,21 +139,37 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opa
     pthread_mutex_unlock(&self->lock);
 }
 
+/* A log line, from any of librdkafka's threads (or the caller's, in rd_kafka_new): queued for take_logs(). */
+static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
+    Producer *self = k_rd_kafka_opaque(rk);
+    if (self == NULL)
+        return;
+    int len = snprintf(NULL, 0, "%s [%s] %s", fac, k_rd_kafka_name(rk), buf);
+    char *text = len < 0 ? NULL : malloc((size_t)len + 1);
+    if (text != NULL)
+        snprintf(text, (size_t)len + 1, "%s [%s] %s", fac, k_rd_kafka_name(rk), buf);
+    pthread_mutex_lock(&self->lock);
+    if (text == NULL || self->logs_count == LOG_LINES_KEPT) {
+        self->logs_dropped++;
+        free(text);
+    } else {
+        if (self->logs == NULL)
+            self->logs = malloc(LOG_LINES_KEPT * sizeof(LogLine));
+        if (self->logs == NULL) {
+            self->logs_dropped++;
+            free(text);
+        } else {
+            self->logs[self->logs_count].level = level;
+            self->logs[self->logs_count++].text = text;
+        }
+    }
+    pthread_mutex_unlock(&self->lock);
+}
+
 /* ---- Arrow columns ---------------------------------------------------------------------------------------- */
 
-/* A binary or string column: (validity or None, offsets, data or None, offset, wide offsets). */
-typedef struct {
-    Py_buffer valid, offs, data;
-    int has_valid, has_offs, has_data, wide;
-    Py_ssize_t offset;
-} BinCol;
-
-/* An integer column: (validity or None, values, offset). */
-typedef struct {
-    Py_buffer valid, values;
-    int has_valid, has_values, width;
-    Py_ssize_t offset;
-} IntCol;
+typedef ar_binary_t BinCol; /* a binary or string column (_arrow_reader.h) */
+typedef ar_int_t IntCol;    /* an int32 or int64 column */
 
 static const char EMPTY[1] = {0};
 
@@ -147,122 +180,34 @@ static int to_ms(double seconds) {
     return seconds * 1000 >= (double)INT_MAX ? INT_MAX : (int)(seconds * 1000);
 }
 
-static void bin_release(BinCol *c) {
-    if (c->has_valid) PyBuffer_Release(&c->valid);
-    if (c->has_offs) PyBuffer_Release(&c->offs);
-    if (c->has_data) PyBuffer_Release(&c->data);
-    c->has_valid = c->has_offs = c->has_data = 0;
-}
-
-static void int_release(IntCol *c) {
-    if (c->has_valid) PyBuffer_Release(&c->valid);
-    if (c->has_values) PyBuffer_Release(&c->values);
-    c->has_valid = c->has_values = 0;
-}
-
-static int get_buffer(PyObject *obj, Py_buffer *view, int *has) {
-    if (obj == Py_None)
-        return 0;
-    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
-        return -1;
-    *has = 1;
-    return 0;
-}
-
-static int valid_bits_cover(Py_buffer *valid, Py_ssize_t offset, Py_ssize_t n, const char *what) {
-    if ((offset + n + 7) / 8 > valid->len) {
-        PyErr_Format(PyExc_ValueError, "%s: validity bitmap shorter than its rows", what);
-        return -1;
-    }
-    return 0;
-}
-
-static int bin_parse(PyObject *t, Py_ssize_t n, BinCol *c, const char *what) {
-    PyObject *valid, *offs, *data;
-    int wide;
-    memset(c, 0, sizeof(*c));
-    if (!PyArg_ParseTuple(t, "OOOnp", &valid, &offs, &data, &c->offset, &wide))
-        return -1;
-    c->wide = wide;
-    if (get_buffer(valid, &c->valid, &c->has_valid) < 0 || get_buffer(offs, &c->offs, &c->has_offs) < 0 ||
-        get_buffer(data, &c->data, &c->has_data) < 0)
-        goto fail;
-    if (n == 0)
-        return 0; /* nothing is read: Arrow Java sends an empty vector with no offsets at all */
-    if (c->has_valid && valid_bits_cover(&c->valid, c->offset, n, what) < 0)
-        goto fail;
-    Py_ssize_t width = wide ? 8 : 4;
-    if (!c->has_offs || c->offset < 0 || (c->offset + n + 1) * width > c->offs.len) {
-        PyErr_Format(PyExc_ValueError, "%s: offsets shorter than its rows", what);
-        goto fail;
-    }
-    /* Every offset, not only the first and last: a WAL segment is read back without Arrow's full validation,
-     * and one out-of-order offset would send bytes from outside the data buffer. */
-    int64_t limit = c->has_data ? c->data.len : 0, previous = 0;
-    for (Py_ssize_t j = c->offset; j <= c->offset + n; j++) {
-        int64_t at = wide ? ((const int64_t *)c->offs.buf)[j] : ((const int32_t *)c->offs.buf)[j];
-        if (at < (j == c->offset ? 0 : previous) || at > limit) {
-            PyErr_Format(PyExc_ValueError, "%s: offsets out of order or outside its data", what);
-            goto fail;
-        }
-        previous = at;
-    }
-    return 0;
-fail:
-    bin_release(c);
-    return -1;
-}
-
-static int int_parse(PyObject *t, Py_ssize_t n, int width, IntCol *c, const char *what) {
-    PyObject *valid, *values;
-    memset(c, 0, sizeof(*c));
-    c->width = width;
-    if (!PyArg_ParseTuple(t, "OOn", &valid, &values, &c->offset))
-        return -1;
-    if (n == 0)
-        return 0;
-    if (get_buffer(valid, &c->valid, &c->has_valid) < 0 || get_buffer(values, &c->values, &c->has_values) < 0)
-        goto fail;
-    if (c->has_valid && valid_bits_cover(&c->valid, c->offset, n, what) < 0)
-        goto fail;
-    if (!c->has_values || c->offset < 0 || (c->offset + n) * width > c->values.len) {
-        PyErr_Format(PyExc_ValueError, "%s: values shorter than its rows", what);
-        goto fail;
-    }
-    return 0;
-fail:
-    int_release(c);
-    return -1;
-}
-
-static inline int is_valid(const Py_buffer *valid, int has_valid, Py_ssize_t i) {
-    return !has_valid || (((const uint8_t *)valid->buf)[i >> 3] >> (i & 7)) & 1;
+static inline int is_valid(const uint8_t *valid, Py_ssize_t i) {
+    return valid == NULL || (valid[i >> 3] >> (i & 7)) & 1;
 }
 
 /* Row i of a binary column: 0 for null, else 1 with its bytes (an empty value points at EMPTY, not NULL,
  * since librdkafka reads a NULL pointer as a null value). */
 static inline int bin_get(const BinCol *c, Py_ssize_t i, const char **ptr, size_t *len) {
     Py_ssize_t j = c->offset + i;
-    if (!is_valid(&c->valid, c->has_valid, j))
+    if (!is_valid(c->valid, j))
         return 0;
     int64_t start, end;
     if (c->wide) {
-        start = ((const int64_t *)c->offs.buf)[j];
-        end = ((const int64_t *)c->offs.buf)[j + 1];
+        start = ((const int64_t *)c->offsets)[j];
+        end = ((const int64_t *)c->offsets)[j + 1];
     } else {
-        start = ((const int32_t *)c->offs.buf)[j];
-        end = ((const int32_t *)c->offs.buf)[j + 1];
+        start = ((const int32_t *)c->offsets)[j];
+        end = ((const int32_t *)c->offsets)[j + 1];
     }
     *len = (size_t)(end - start);
-    *ptr = *len ? (const char *)c->data.buf + start : EMPTY;
+    *ptr = *len ? (const char *)c->data + start : EMPTY;
     return 1;
 }
 
 static inline int int_get(const IntCol *c, Py_ssize_t i, int64_t *value) {
     Py_ssize_t j = c->offset + i;
-    if (!is_valid(&c->valid, c->has_valid, j))
+    if (!is_valid(c->valid, j))
         return 0;
-    *value = c->width == 8 ? ((const int64_t *)c->values.buf)[j] : ((const int32_t *)c->values.buf)[j];
+    *value = c->width == 8 ? ((const int64_t *)c->values)[j] : ((const int32_t *)c->values)[j];
     return 1;
 }
 
@@ -296,7 +241,7 @@ static int Producer_init(Producer *self, PyObject *args, PyObject *kwargs) {
     }
     rd_kafka_conf_t *conf = k_rd_kafka_conf_new();
     while (PyDict_Next(config, &pos, &key, &value)) {
-        const char *k = PyUnicode_AsUTF8(key), *v = PyUnicode_AsUTF8(value);
+        const char *k = PyUnicode_AsUTF8AndSize(key, NULL), *v = PyUnicode_AsUTF8AndSize(value, NULL);
         if (k == NULL || v == NULL) {
             k_rd_kafka_conf_destroy(conf);
             return -1;
@@ -313,6 +258,7 @@ static int Producer_init(Producer *self, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     k_rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+    k_rd_kafka_conf_set_log_cb(conf, on_log);
     k_rd_kafka_conf_set_opaque(conf, self);
     rd_kafka_t *rk = k_rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof errstr); /* owns conf on success */
     if (rk == NULL) {
@@ -325,7 +271,8 @@ static int Producer_init(Producer *self, PyObject *args, PyObject *kwargs) {
 }
 
 static PyObject *Producer_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    Producer *self = (Producer *)type->tp_alloc(type, 0);
+    allocfunc alloc = (allocfunc)PyType_GetSlot(type, Py_tp_alloc);
+    Producer *self = (Producer *)alloc(type, 0);
     if (self == NULL)
         return NULL;
     self->values = PyList_New(0);
@@ -338,14 +285,14 @@ static PyObject *Producer_new(PyTypeObject *type, PyObject *args, PyObject *kwar
 }
 
 static void drop_values(Producer *self) {
-    if (self->values != NULL && PyList_GET_SIZE(self->values) > 0)
-        PyList_SetSlice(self->values, 0, PyList_GET_SIZE(self->values), NULL);
+    if (self->values != NULL && PyList_Size(self->values) > 0)
+        PyList_SetSlice(self->values, 0, PyList_Size(self->values), NULL);
 }
 
 /* An empty queue means every record handed over was destroyed: no value is read any more. Not while another
  * thread is in a call (a send may be about to hand over records of the columns it just added). */
 static void release_values(Producer *self) {
-    if (!self->pinned && !self->busy && self->rk != NULL && PyList_GET_SIZE(self->values) > 0 &&
+    if (!self->pinned && !self->busy && self->rk != NULL && PyList_Size(self->values) > 0 &&
         k_rd_kafka_outq_len(self->rk) == 0)
         drop_values(self);
 }
@@ -354,6 +301,12 @@ static void free_failures(Failure *failures, size_t count) {
     for (size_t i = 0; i < count; i++)
         free(failures[i].topic);
     free(failures);
+}
+
+static void free_logs(LogLine *logs, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        free(logs[i].text);
+    free(logs);
 }
 
 static void close_rk(Producer *self) {
@@ -369,11 +322,15 @@ static void close_rk(Producer *self) {
 }
 
 static void Producer_dealloc(Producer *self) {
+    PyTypeObject *type = Py_TYPE(self);
     close_rk(self);
     Py_CLEAR(self->values);
     free_failures(self->failures, self->count);
+    free_logs(self->logs, self->logs_count);
     pthread_mutex_destroy(&self->lock);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    freefunc free_self = (freefunc)PyType_GetSlot(type, Py_tp_free);
+    free_self(self);
+    Py_DECREF(type); /* a heap type: each instance holds a reference to it */
 }
 
 /* A fatal error (a fenced transactional producer, a broken idempotence guarantee) as a KafkaException. */
@@ -443,7 +400,7 @@ static Py_ssize_t Producer_len(Producer *self) {
 }
 
 static PyObject *Producer_held(Producer *self, PyObject *unused) {
-    return PyLong_FromSsize_t(PyList_GET_SIZE(self->values));
+    return PyLong_FromSsize_t(PyList_Size(self->values));
 }
 
 static PyObject *Producer_purge(Producer *self, PyObject *unused) {
@@ -476,7 +433,7 @@ static PyObject *Producer_take_failures(Producer *self, PyObject *unused) {
             Py_CLEAR(out);
             break;
         }
-        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
+        PyList_SetItem(out, (Py_ssize_t)i, item); /* steals item */
     }
     if (out != NULL) {
         free_failures(self->failures, self->count);
@@ -487,102 +444,113 @@ static PyObject *Producer_take_failures(Producer *self, PyObject *unused) {
     return out;
 }
 
+/* The log lines queued since the last call: [(syslog level, text)], then one saying how many were dropped. */
+static PyObject *Producer_take_logs(Producer *self, PyObject *unused) {
+    pthread_mutex_lock(&self->lock);
+    PyObject *out = PyList_New(0);
+    for (size_t i = 0; out != NULL && i <= self->logs_count; i++) {
+        PyObject *text;
+        if (i < self->logs_count)
+            text = PyUnicode_DecodeUTF8(self->logs[i].text, (Py_ssize_t)strlen(self->logs[i].text), "replace");
+        else if (self->logs_dropped)
+            text = PyUnicode_FromFormat("LOG: %zu more lines than the %d kept between two polls were dropped",
+                                        self->logs_dropped, LOG_LINES_KEPT);
+        else
+            break;
+        PyObject *item = Py_BuildValue("(iN)", i < self->logs_count ? self->logs[i].level : 4, text);
+        if (item == NULL || PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    if (out != NULL) {
+        free_logs(self->logs, self->logs_count);
+        self->logs = NULL;
+        self->logs_count = self->logs_dropped = 0;
+    }
+    pthread_mutex_unlock(&self->lock);
+    return out;
+}
+
 #define TOPIC_MAX 256
 
+/* One send()'s columns: their views, and the imports that keep their buffers alive meanwhile. */
 typedef struct {
-    BinCol value, key, topics, hkeys, hvalues;
-    IntCol partitions, timestamps, hoffs;
-    Py_buffer hvalid;
-    int has_key, has_topics, has_partitions, has_timestamps, has_headers, has_hvalid;
-    Py_ssize_t hoffset;
+    BinCol value, key, topics;
+    IntCol partitions, timestamps;
+    ar_headers_t headers;
+    int has_key, has_topics, has_partitions, has_timestamps, has_headers;
+    ar_ref_t refs[6];
 } Columns;
 
 static void columns_release(Columns *c) {
-    bin_release(&c->value);
-    bin_release(&c->key);
-    bin_release(&c->topics);
-    bin_release(&c->hkeys);
-    bin_release(&c->hvalues);
-    int_release(&c->partitions);
-    int_release(&c->timestamps);
-    int_release(&c->hoffs);
-    if (c->has_hvalid)
-        PyBuffer_Release(&c->hvalid);
-    c->has_hvalid = 0;
+    for (int r = 0; r < 6; r++)
+        ar_clear(&c->refs[r]);
 }
 
-/* headers: (list validity or None, list offsets, list offset, keys column, values column) */
-static int headers_parse(PyObject *t, Py_ssize_t n, Columns *c) {
-    PyObject *valid, *offs, *keys, *values;
-    if (!PyArg_ParseTuple(t, "OOnOO", &valid, &offs, &c->hoffset, &keys, &values))
-        return -1;
-    if (get_buffer(valid, &c->hvalid, &c->has_hvalid) < 0)
-        return -1;
-    if (c->has_hvalid && valid_bits_cover(&c->hvalid, c->hoffset, n, "headers") < 0)
-        return -1;
-    PyObject *offs_col = Py_BuildValue("(OOn)", Py_None, offs, c->hoffset);
-    if (offs_col == NULL)
-        return -1;
-    int rc = int_parse(offs_col, n + 1, 4, &c->hoffs, "header offsets");
-    Py_DECREF(offs_col);
-    if (rc < 0)
-        return -1;
-    const int32_t *o = (const int32_t *)c->hoffs.values.buf + c->hoffset;
-    for (Py_ssize_t j = 0; j < n; j++)
-        if (o[j] < 0 || o[j + 1] < o[j])
-            return PyErr_SetString(PyExc_ValueError, "headers: offsets out of order"), -1;
-    Py_ssize_t items = n ? o[n] : 0;
-    if (bin_parse(keys, items, &c->hkeys, "header keys") < 0 || bin_parse(values, items, &c->hvalues, "header values") < 0)
-        return -1;
-    c->has_headers = 1;
-    return 0;
-}
-
-/* send(topic, rows, slot, value, key, topics, partitions, timestamps, headers) -> (handed, error code, text)
+/* send(topic, slot, value, key, topics, partitions, timestamps, headers) -> (handed, error code, text)
  *
- * Hands rows [0, rows) to librdkafka in order, each with the opaque (slot << 32) | row. When librdkafka's
- * queue is full it serves reports and retries the same row, so nothing is dropped and order is kept. Stops at
- * the first row librdkafka refuses for another reason: `handed` rows went out, the refused row and those
- * after it did not (error code 0: all went out). */
+ * Hands every row of the value array to librdkafka in order, each with the opaque (slot << 32) | row. The
+ * columns are Arrow arrays (anything with __arrow_c_array__) of the value's length, or None: binary or string
+ * value, key and topic; int32 partition; int64 timestamp (milliseconds); list<struct<key, value>> headers.
+ * When librdkafka's queue is full it serves reports and retries the same row, so nothing is dropped and order
+ * is kept. Stops at the first row librdkafka refuses for another reason: `handed` rows went out, the refused
+ * row and those after it did not (error code 0: all went out). */
 static PyObject *Producer_send(Producer *self, PyObject *args) {
-    PyObject *topic_obj, *value_t, *key_t, *topics_t, *partitions_t, *timestamps_t, *headers_t;
-    Py_ssize_t n;
+    PyObject *topic_obj, *value_a, *key_a, *topics_a, *partitions_a, *timestamps_a, *headers_a;
     unsigned long long slot;
     Columns c;
     memset(&c, 0, sizeof c);
-    if (!PyArg_ParseTuple(args, "OnKOOOOOO", &topic_obj, &n, &slot, &value_t, &key_t, &topics_t, &partitions_t,
-                          &timestamps_t, &headers_t) ||
+    if (!PyArg_ParseTuple(args, "OKOOOOOO", &topic_obj, &slot, &value_a, &key_a, &topics_a, &partitions_a,
+                          &timestamps_a, &headers_a) ||
         check_open(self) < 0)
         return NULL;
-    if (n < 0 || n > 0xffffffffLL || slot > 0xffffffffULL)
-        return PyErr_Format(PyExc_ValueError, "rows and slot must fit in 32 bits");
-    if (bin_parse(value_t, n, &c.value, "value") < 0 || (n > 0 && PyList_Append(self->values, value_t) < 0))
+    if (slot > 0xffffffffULL)
+        return PyErr_Format(PyExc_ValueError, "slot must fit in 32 bits");
+    if (ar_import(value_a, "value", &c.refs[0]) < 0)
         goto fail;
-    if (key_t != Py_None) {
-        if (bin_parse(key_t, n, &c.key, "key") < 0)
+    Py_ssize_t n = (Py_ssize_t)c.refs[0].array->length;
+    if (n > 0xffffffffLL) {
+        PyErr_SetString(PyExc_ValueError, "value: more rows than fit in 32 bits");
+        goto fail;
+    }
+    if (ar_binary_rows(c.refs[0].schema, c.refs[0].array, n, 1, "value", &c.value) < 0)
+        goto fail;
+    if (key_a != Py_None) {
+        if (ar_import(key_a, "key", &c.refs[1]) < 0 ||
+            ar_binary_rows(c.refs[1].schema, c.refs[1].array, n, 1, "key", &c.key) < 0)
             goto fail;
         c.has_key = 1;
     }
-    if (topics_t != Py_None) {
-        if (bin_parse(topics_t, n, &c.topics, "topic") < 0)
+    if (topics_a != Py_None) {
+        if (ar_import(topics_a, "topic", &c.refs[2]) < 0 ||
+            ar_binary_rows(c.refs[2].schema, c.refs[2].array, n, 1, "topic", &c.topics) < 0)
             goto fail;
         c.has_topics = 1;
     }
-    if (partitions_t != Py_None) {
-        if (int_parse(partitions_t, n, 4, &c.partitions, "partition") < 0)
+    if (partitions_a != Py_None) {
+        if (ar_import(partitions_a, "partition", &c.refs[3]) < 0 ||
+            ar_int(c.refs[3].schema, c.refs[3].array, n, 4, "partition", &c.partitions) < 0)
             goto fail;
         c.has_partitions = 1;
     }
-    if (timestamps_t != Py_None) {
-        if (int_parse(timestamps_t, n, 8, &c.timestamps, "timestamp") < 0)
+    if (timestamps_a != Py_None) {
+        if (ar_import(timestamps_a, "timestamp", &c.refs[4]) < 0 ||
+            ar_int(c.refs[4].schema, c.refs[4].array, n, 8, "timestamp", &c.timestamps) < 0)
             goto fail;
         c.has_timestamps = 1;
     }
-    if (headers_t != Py_None && headers_parse(headers_t, n, &c) < 0)
+    if (headers_a != Py_None) {
+        if (ar_import(headers_a, "headers", &c.refs[5]) < 0 ||
+            ar_headers(c.refs[5].schema, c.refs[5].array, n, 1, "headers", &c.headers) < 0)
+            goto fail;
+        c.has_headers = 1;
+    }
+    /* The value's import holds its buffers: kept until librdkafka has let go of every record (release_values). */
+    if (n > 0 && PyList_Append(self->values, c.refs[0].capsules) < 0)
         goto fail;
     rd_kafka_topic_t *rkt = NULL;
     if (!c.has_topics) {
-        const char *name = PyUnicode_AsUTF8(topic_obj);
+        const char *name = PyUnicode_AsUTF8AndSize(topic_obj, NULL);
         if (name == NULL)
             goto fail;
         rkt = k_rd_kafka_topic_new(self->rk, name, NULL);
@@ -640,15 +608,15 @@ static PyObject *Producer_send(Producer *self, PyObject *args) {
             vu[cnt++].u.i64 = num;
         }
         rd_kafka_headers_t *hdrs = NULL;
-        if (c.has_headers && is_valid(&c.hvalid, c.has_hvalid, c.hoffset + i)) {
-            const int32_t *o = (const int32_t *)c.hoffs.values.buf + c.hoffset;
+        if (c.has_headers && is_valid(c.headers.valid, c.headers.offset + i)) {
+            const int32_t *o = c.headers.offsets + c.headers.offset;
             if (o[i + 1] > o[i]) {
                 hdrs = k_rd_kafka_headers_new((size_t)(o[i + 1] - o[i]));
                 for (int32_t h = o[i]; h < o[i + 1]; h++) {
                     const char *name = EMPTY, *val = NULL;
                     size_t name_len = 0, val_len = 0;
-                    bin_get(&c.hkeys, h, &name, &name_len); /* null keys were refused before the WAL */
-                    if (!bin_get(&c.hvalues, h, &val, &val_len))
+                    bin_get(&c.headers.key, h, &name, &name_len); /* null keys were refused before the WAL */
+                    if (!bin_get(&c.headers.value, h, &val, &val_len))
                         val = NULL;
                     k_rd_kafka_header_add(hdrs, name, (ssize_t)name_len, val, val ? (ssize_t)val_len : 0);
                 }
@@ -826,6 +794,7 @@ static PyMethodDef Producer_methods[] = {
     {"close", (PyCFunction)Producer_close, METH_NOARGS, "Destroy the librdkafka handle."},
     {"held", (PyCFunction)Producer_held, METH_NOARGS, "How many sends' value columns librdkafka may still read."},
     {"take_failures", (PyCFunction)Producer_take_failures, METH_NOARGS, "Failure reports since the last call."},
+    {"take_logs", (PyCFunction)Producer_take_logs, METH_NOARGS, "librdkafka's log lines since the last call."},
     {"partition_count", (PyCFunction)Producer_partition_count, METH_VARARGS, "A topic's partition count."},
     {"connect", (PyCFunction)Producer_connect, METH_VARARGS, "Wait until a broker answers; (error code, text)."},
     {"init_transactions", (PyCFunction)Producer_init_transactions, METH_VARARGS, NULL},
@@ -836,18 +805,21 @@ static PyMethodDef Producer_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PySequenceMethods Producer_as_sequence = {.sq_length = (lenfunc)Producer_len};
+static PyType_Slot Producer_slots[] = {
+    {Py_tp_doc, "A librdkafka producer fed from Arrow arrays; only failures are reported."},
+    {Py_tp_new, Producer_new},
+    {Py_tp_init, Producer_init},
+    {Py_tp_dealloc, Producer_dealloc},
+    {Py_tp_methods, Producer_methods},
+    {Py_sq_length, Producer_len},
+    {0, NULL},
+};
 
-static PyTypeObject ProducerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "recoverable_sink._produce.Producer",
-    .tp_basicsize = sizeof(Producer),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "A librdkafka producer fed from Arrow buffers; only failures are reported.",
-    .tp_new = Producer_new,
-    .tp_init = (initproc)Producer_init,
-    .tp_dealloc = (destructor)Producer_dealloc,
-    .tp_methods = Producer_methods,
-    .tp_as_sequence = &Producer_as_sequence,
+static PyType_Spec Producer_spec = {
+    .name = "recoverable_sink._produce.Producer",
+    .basicsize = sizeof(Producer),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = Producer_slots,
 };
 
 /* ---- the module ------------------------------------------------------------------------------------------- */
@@ -884,7 +856,8 @@ static PyMethodDef module_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_produce", NULL, -1, module_methods};
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, .m_name = "_produce", .m_size = -1,
+                                        .m_methods = module_methods};
 
 PyMODINIT_FUNC PyInit__produce(void) {
     PyObject *kafka = PyImport_ImportModule("confluent_kafka");
@@ -893,14 +866,14 @@ PyMODINIT_FUNC PyInit__produce(void) {
     KafkaErrorType = PyObject_GetAttrString(kafka, "KafkaError");
     KafkaExceptionType = PyObject_GetAttrString(kafka, "KafkaException");
     Py_DECREF(kafka);
-    if (KafkaErrorType == NULL || KafkaExceptionType == NULL || PyType_Ready(&ProducerType) < 0)
+    if (KafkaErrorType == NULL || KafkaExceptionType == NULL)
+        return NULL;
+    if (ProducerType == NULL && (ProducerType = PyType_FromSpec(&Producer_spec)) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&ProducerType);
-    if (PyModule_AddObject(m, "Producer", (PyObject *)&ProducerType) < 0) {
-        Py_DECREF(&ProducerType);
+    if (PyModule_AddObjectRef(m, "Producer", ProducerType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -121,6 +121,9 @@ typedef struct rd_kafka_topic_partition_s {
 typedef struct rd_kafka_topic_partition_list_s rd_kafka_topic_partition_list_t;
 
 typedef void rd_kafka_dr_msg_cb_t(rd_kafka_t *rk, const rd_kafka_message_t *rkmessage, void *opaque);
+/* level: syslog's, 0 (emergency) to 7 (debug); fac: the facility, a short tag; buf: the line. Called from any of
+ * librdkafka's threads unless log.queue forwards the lines to a queue the application serves. */
+typedef void rd_kafka_log_cb_t(const rd_kafka_t *rk, int level, const char *fac, const char *buf);
 
 int rd_kafka_version(void);
 const char *rd_kafka_version_str(void);
@@ -132,9 +135,12 @@ rd_kafka_conf_res_t rd_kafka_conf_set(rd_kafka_conf_t *conf, const char *name, c
 void rd_kafka_conf_destroy(rd_kafka_conf_t *conf);
 void rd_kafka_conf_set_dr_msg_cb(rd_kafka_conf_t *conf, rd_kafka_dr_msg_cb_t *dr_msg_cb);
 void rd_kafka_conf_set_opaque(rd_kafka_conf_t *conf, void *opaque);
+void rd_kafka_conf_set_log_cb(rd_kafka_conf_t *conf, rd_kafka_log_cb_t *log_cb);
 
 rd_kafka_t *rd_kafka_new(rd_kafka_type_t type, rd_kafka_conf_t *conf, char *errstr, size_t errstr_size);
 void rd_kafka_destroy(rd_kafka_t *rk);
+void *rd_kafka_opaque(const rd_kafka_t *rk);
+const char *rd_kafka_name(const rd_kafka_t *rk);
 rd_kafka_resp_err_t rd_kafka_fatal_error(rd_kafka_t *rk, char *errstr, size_t errstr_size);
 
 rd_kafka_topic_t *rd_kafka_topic_new(rd_kafka_t *rk, const char *topic, rd_kafka_topic_conf_t *conf);

@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from recoverable_sink._logging import get_logger
 from recoverable_sink.producer import fatal_errors, refused
 from recoverable_sink.records import KafkaRecords, to_records
 from recoverable_sink.tracker import DeliveryTracker, Handed
@@ -56,7 +57,9 @@ class ConfluentProducer(RecordsSender, Producer):
             if err is not None and tracker is not None:
                 tracker.on_failure(err, msg)
 
-        super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": on_failure})
+        # librdkafka's log lines to the sink's logger (served by poll), as the native producer's go.
+        super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": on_failure,
+                          "logger": get_logger("librdkafka")})
         self._slot = slot
         self._client_conf = client_conf  # for the consumer that carries a commit marker's group metadata
 

@@ -90,38 +90,44 @@ def _bodies(batch: pa.RecordBatch, cluster_id: str) -> pa.Array:
     return pc.binary_join_element_wise(*parts, b"")
 
 
-def _column(array: pa.Array, kind: int) -> tuple[object, ...]:
-    """A binary column for ``_digests.records``: its value (kind 0) or its length frame (kind 1)."""
-    validity, offsets, data = array.buffers()
-    return kind, validity if array.null_count else None, offsets, data, array.offset
+_VALUE, _FRAME, _HEADERS = 0, 1, 2  # the kinds of ``_digests.records``'s fields: a value, its length frame, headers
+_HEADER_ITEMS = pa.struct([("key", pa.binary()), ("value", pa.binary())])
+
+
+def _native_headers(headers: pa.Array) -> pa.Array:
+    """The headers column as ``_digests.records`` takes it: a list of structs of binary or string, 32-bit offsets
+    (the bytes of a string are those of its binary cast)."""
+    kind = headers.type
+    if pa.types.is_list(kind) and all(f.type in (pa.binary(), pa.string()) for f in kind.value_type):
+        return headers
+    return headers.cast(pa.list_(_HEADER_ITEMS))
 
 
 def _native_fields(batch: pa.RecordBatch, cluster_id: str) -> tuple[object, ...] | None:
-    """What ``_bodies`` joins, as fields for the extension to gather record by record (no joined copy); None
-    where a null would make Arrow's join null a whole body (a null topic or header key, which the sink refuses
-    before it hashes anything): the Arrow path keeps those bytes."""
+    """What ``_bodies`` joins, as fields for the extension to gather record by record (no joined copy): bytes,
+    or (kind, column name, Arrow array) taken through the Arrow C Data Interface. None where a null would make
+    Arrow's join null a whole body (a null topic or header key, which the sink refuses before it hashes
+    anything): the Arrow path keeps those bytes."""
     names = batch.schema.names
     value = _binary(batch.column("value"))
     key = _binary(batch.column("key")) if "key" in names else pa.nulls(len(value), pa.binary())
     if names == ["key", "value"] or names == ["value"]:
-        return _column(key, 1), _column(value, 1), _column(key, 0), _column(value, 0)
-    fields: list[object] = [_column(key, 1), _column(key, 0), _column(value, 1), _column(value, 0)]
+        return (_FRAME, "key", key), (_FRAME, "value", value), (_VALUE, "key", key), (_VALUE, "value", value)
+    fields: list[object] = [(_FRAME, "key", key), (_VALUE, "key", key), (_FRAME, "value", value),
+                            (_VALUE, "value", value)]
     for tag, name in ((b"p", "partition"), (b"t", "timestamp")):
-        fields += [tag, _column(_as_text(batch.column(name)), 0)] if name in names else [tag + b"-"]
+        fields += [tag, (_VALUE, name, _as_text(batch.column(name)))] if name in names else [tag + b"-"]
     if "headers" in names:
         headers = batch.column("headers")
         items = headers.values
-        keys, values = _binary(items.field("key")), _binary(items.field("value"))
-        if items.null_count or keys.null_count:
+        if items.null_count or items.field("key").null_count:
             return None
-        validity, offsets = headers.buffers()[:2]
-        fields.append((2, validity if headers.null_count else None, offsets, headers.offset, len(items),
-                       _column(keys, 1)[1:], _column(values, 1)[1:]))
+        fields.append((_HEADERS, "headers", _native_headers(headers)))
     if "topic" in names:
         topic = _binary(batch.column("topic"))
         if topic.null_count:
             return None
-        fields = [_cluster_prefix(cluster_id), _column(topic, 0), b"\0", *fields]
+        fields = [_cluster_prefix(cluster_id), (_VALUE, "topic", topic), b"\0", *fields]
     return tuple(fields)
 
 
@@ -139,6 +145,9 @@ def record_digests(batch: pa.RecordBatch, topic_option: str | None, cluster_id: 
         assert topic_option is not None
         prefix = _prefix(cluster_id, topic_option)
     if _native is not None and batch.num_rows:
+        # The C Data Interface carries no buffer sizes: Arrow's shallow validation (buffer sizes, first and last
+        # offsets) is what lets the extension trust them; it checks the offsets in between itself.
+        batch.validate()
         fields = _native_fields(batch, cluster_id)
         if fields is not None:
             return _native.records(prefix, batch.num_rows, fields)
@@ -149,9 +158,10 @@ def digest_all(prefix: bytes, bodies: pa.Array) -> bytes:
     """BLAKE2b-128 of ``prefix`` + each element of a binary array, concatenated: in one native call (no
     GIL) where the ``_digests`` extension was built, else with hashlib (the same bytes)."""
     if _native is not None and len(bodies):
-        bodies = _binary(bodies)
-        _, offsets, data = bodies.buffers()
-        return _native.batch(prefix, offsets, data if data is not None else b"", bodies.offset, len(bodies), False)
+        if bodies.type not in (pa.binary(), pa.large_binary(), pa.string(), pa.large_string()):
+            bodies = bodies.cast(pa.binary())
+        bodies.validate()  # as in record_digests
+        return _native.batch(prefix, bodies)
     return python_digests(prefix, bodies)
 
 

@@ -6,6 +6,7 @@ time; :func:`native_module` says once per process which producer path runs and w
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,10 @@ from recoverable_sink.records import producer_columns
 from recoverable_sink.tracker import DeliveryTracker, Handed
 
 log = get_logger("delivery")
+_librdkafka_log = get_logger("librdkafka")  # librdkafka's own lines; confluent_producer routes its own there too
+# syslog's levels, as librdkafka logs: emergency, alert, critical, error, warning, notice, info, debug.
+_SYSLOG_LEVELS = (logging.CRITICAL, logging.CRITICAL, logging.CRITICAL, logging.ERROR, logging.WARNING,
+                  logging.INFO, logging.INFO, logging.DEBUG)
 
 
 def _librdkafka_path() -> str:
@@ -58,8 +63,9 @@ def native_module() -> Any:
 
 
 class NativeProducer:
-    """A librdkafka producer fed from Arrow buffers by the ``_produce`` extension. Only failures are reported;
-    they are collected after every ``poll``/``flush`` and handed to ``tracker`` (set by the task using it)."""
+    """A librdkafka producer fed from Arrow arrays by the ``_produce`` extension. Only failures are reported;
+    they are collected after every ``poll``/``flush`` and handed to ``tracker`` (set by the task using it), and
+    librdkafka's log lines, kept in C meanwhile, go to the ``recoverable_sink.librdkafka`` logger then."""
 
     kind = "native"
 
@@ -71,6 +77,8 @@ class NativeProducer:
         self.tracker: DeliveryTracker | None = None
 
     def _collect(self) -> None:
+        for level, line in self._p.take_logs():  # kept in C: librdkafka's threads cannot call Python
+            _librdkafka_log.log(_SYSLOG_LEVELS[min(max(level, 0), 7)], line)
         failures = self._p.take_failures()
         if failures and self.tracker is not None:
             self.tracker.on_failures_at(failures)
@@ -95,11 +103,11 @@ class NativeProducer:
 
     def _send(self, topic: str | None, batch: pa.RecordBatch, slot: int) -> tuple[int, int, str]:
         """Hand every row of a normalised batch over, in order: (rows handed, error code, text)."""
-        return self._p.send(topic, batch.num_rows, slot, *producer_columns(batch))
+        return self._p.send(topic, slot, *producer_columns(batch))
 
     def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
                      tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
-        """The batch's Arrow buffers go to librdkafka in one C call; each record's opaque is its position."""
+        """The batch's Arrow arrays go to librdkafka in one C call; each record's opaque is its position."""
         n = batch.num_rows
         bitmap, rows = tracker.segment(seg_first, n, skip)
         if rows is not None:

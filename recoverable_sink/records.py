@@ -220,12 +220,16 @@ def to_records(batch: pa.RecordBatch) -> KafkaRecords:
     )
 
 
-Column = tuple[Any, ...] | None
+Column = pa.Array | None
 
 
 def producer_columns(batch: pa.RecordBatch) -> tuple[Column, Column, Column, Column, Column, Column]:
-    """A normalised batch as the native producer's arguments: the Arrow buffers of value, key, topic,
-    partition, timestamp and headers (None where the batch has no such column). Nothing is copied."""
+    """A normalised batch as the native producer's arguments: the Arrow arrays of value, key, topic, partition
+    (int32), timestamp (int64) and headers (a list of structs), None where the batch has no such column. The
+    extension takes them through the Arrow C Data Interface; nothing is copied."""
+    # The C Data Interface carries no buffer sizes: Arrow's shallow validation (buffer sizes, first and last
+    # offsets) is what lets the extension trust them; it checks the offsets in between itself.
+    batch.validate()
     names = batch.schema.names
 
     def binary(name: str) -> Column:
@@ -235,31 +239,28 @@ def producer_columns(batch: pa.RecordBatch) -> tuple[Column, Column, Column, Col
         if name not in names:
             return None
         array = batch.column(name)
-        array = array if array.type == kind else array.cast(kind)
-        validity, values = array.buffers()[:2]
-        return (validity if array.null_count else None, values, array.offset)
+        return array if array.type == kind else array.cast(kind)
 
     headers: Column = None
     if "headers" in names:
-        array = batch.column("headers")
-        if not pa.types.is_list(array.type):
-            array = array.cast(pa.list_(array.type.value_type))
-        items = array.values  # the whole child: the list offsets index into it
-        validity, offsets = array.buffers()[:2]
-        headers = (validity if array.null_count else None, offsets, array.offset,
-                   _binary(items.field("key")), _binary(items.field("value")))
+        headers = batch.column("headers")
+        if not pa.types.is_list(headers.type):
+            headers = headers.cast(pa.list_(headers.type.value_type))
+        if not all(_is_binary(f.type) for f in headers.type.value_type):
+            headers = headers.cast(pa.list_(pa.struct([(f.name, f.type if _is_binary(f.type) else pa.binary())
+                                                       for f in headers.type.value_type])))
     return (binary("value"), binary("key"), binary("topic"), integer("partition", pa.int32()),
             integer("timestamp", pa.int64()), headers)
 
 
-def _binary(array: pa.Array) -> tuple[Any, ...]:
-    """(validity or None, offsets, data, offset, 64-bit offsets) of a binary or string array."""
-    kind = array.type
-    wide = pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
-    if not (wide or pa.types.is_binary(kind) or pa.types.is_string(kind)):
-        array = array.cast(pa.binary())
-    validity, offsets, data = array.buffers()[:3]
-    return (validity if array.null_count else None, offsets, data, array.offset, wide)
+def _is_binary(kind: pa.DataType) -> bool:
+    return (pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind)
+            or pa.types.is_large_string(kind))
+
+
+def _binary(array: pa.Array) -> pa.Array:
+    """A binary or string array as it is (64-bit offsets included), anything else cast to binary."""
+    return array if _is_binary(array.type) else array.cast(pa.binary())
 
 
 def _header_lists(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:

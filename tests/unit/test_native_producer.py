@@ -141,21 +141,48 @@ def test_rows_without_any_header_in_arrow_javas_layout_go_out() -> None:
 
 
 def test_offsets_out_of_order_are_refused_before_anything_is_sent() -> None:
-    """A WAL segment is read back without Arrow's full validation: an offset out of order must not make the loop
-    read outside the data buffer."""
+    """A WAL segment is read back without Arrow's full validation: an offset out of order (which Arrow's shallow
+    validation lets through) must not make the loop read outside the data buffer."""
     producer = _mock()
-    value = (None, pa.py_buffer(pa.array([0, 3, 1, 4], pa.int32()).buffers()[1]), pa.py_buffer(b"abcd"), 0, False)
+    offsets = pa.py_buffer(pa.array([0, 3, 1, 4], pa.int32()).buffers()[1])
+    value = pa.Array.from_buffers(pa.binary(), 3, [None, offsets, pa.py_buffer(b"abcd")])
     with pytest.raises(ValueError, match="value: offsets out of order or outside its data"):
-        producer._p.send("t", 3, 1, value, None, None, None, None, None)
+        producer._p.send("t", 1, value, None, None, None, None, None)
     assert len(producer) == 0
 
 
-def test_columns_shorter_than_their_rows_are_refused_before_anything_is_sent() -> None:
+def test_a_column_of_another_length_or_type_is_refused_naming_it_before_anything_is_sent() -> None:
     producer = _mock()
-    value, *rest = producer_columns(_batch(4))
-    with pytest.raises(ValueError, match="value: offsets shorter than its rows"):
-        producer._p.send("t", 5, 1, value, *rest)
-    assert len(producer) == 0
+    value, key, *rest = producer_columns(_batch(4))
+    with pytest.raises(ValueError, match="key: 3 rows where the batch has 4"):
+        producer._p.send("t", 1, value, key.slice(1), *rest)
+    with pytest.raises(TypeError, match="partition: Arrow format 'l' is not int32"):
+        producer._p.send("t", 1, value, key, None, pa.array([0, 1, 2, 3], pa.int64()), None, None)
+    with pytest.raises(TypeError, match="headers: Arrow format 'z' is not a list of structs"):
+        producer._p.send("t", 1, value, key, None, None, None, key)
+    with pytest.raises(TypeError, match="value: not an Arrow array"):
+        producer._p.send("t", 1, [b"a"], None, None, None, None, None)
+    assert len(producer) == 0 and producer._p.held() == 0
+
+
+def test_every_column_is_taken_as_arrow_gives_it_large_and_string_types_included() -> None:
+    """64-bit offsets and strings go out as they are, header keys and values included (no cast), and header
+    items that start inside their arrays (a sliced struct) are read from there."""
+    items = pa.array([("x", b"0"), ("h", b"x"), ("g", None)],
+                     pa.struct([("key", pa.large_string()), ("value", pa.large_binary())]))
+    batch = pa.RecordBatch.from_pydict({
+        "key": pa.array(["a", None, "c"], pa.large_string()),
+        "value": pa.array([b"1", None, b"333"], pa.large_binary()),
+        "headers": pa.ListArray.from_arrays(pa.array([0, 1, 1, 2], pa.int32()), items.slice(1)),
+    })
+    columns = producer_columns(batch)
+    assert columns[0].type == pa.large_binary() and columns[5].type == batch.schema.field("headers").type
+    producer = _mock()
+    tracker = DeliveryTracker()
+    producer.tracker = tracker
+    assert producer.send_segment(batch.slice(1), "t", 0, None, tracker, str) == 2
+    wait_for_acks(producer, tracker, 30)
+    assert tracker.acked == 2 and tracker.failed == 0
 
 
 def test_a_drain_sends_what_linger_ms_would_still_hold_back() -> None:
