@@ -1,4 +1,4 @@
-/* Arrow arrays for the C extensions (_digests.c, _produce.c), taken through the Arrow C Data Interface: the
+/* Arrow arrays for the C extensions (_digests.c, _produce_send.c), taken through the Arrow C Data Interface: the
  * ArrowSchema and ArrowArray structs of the specification, their import from the PyCapsules of any object's
  * __arrow_c_array__() (pyarrow 14 and later), format checks with errors that name the column, and typed views
  * of the buffers for the extensions' loops. Everything here runs once per batch and column, never per record.

@@ -1,9 +1,9 @@
-/* The part of librdkafka's public C API that _produce.c calls, declared here so the extension builds with only
- * a C compiler: no rdkafka.h, no librdkafka-dev. The library itself is opened at run time (_produce.c, load()),
- * and load() refuses one older than RK_MIN_VERSION, the first release with every function below.
+/* The part of librdkafka's public C API that the _produce extension calls (_produce*.c), declared here so it
+ * builds with only a C compiler: no rdkafka.h, no librdkafka-dev. The library itself is opened at run time
+ * (_produce.c, load()), and load() refuses one older than RK_MIN_VERSION, the first release with every function below.
  *
  * Written from librdkafka's API documentation (rdkafka.h, "stable API"): opaque handles are incomplete types;
- * the structs whose fields _produce.c reads or fills are spelt out with every field up to the last one it
+ * the structs whose fields the extension reads or fills are spelt out with every field up to the last one it
  * touches (rd_kafka_vu_t and rd_kafka_metadata_topic_t whole, since they are used as arrays).
  * tests/unit/test_rdkafka_api.py checks sizes, offsets and constants against a system rdkafka.h where one is
  * installed, and the error codes against confluent-kafka's.
@@ -29,7 +29,7 @@ typedef enum rd_kafka_type_t { RD_KAFKA_PRODUCER = 0, RD_KAFKA_CONSUMER = 1 } rd
 
 typedef enum { RD_KAFKA_CONF_UNKNOWN = -2, RD_KAFKA_CONF_INVALID = -1, RD_KAFKA_CONF_OK = 0 } rd_kafka_conf_res_t;
 
-/* Only the codes _produce.c names; the library returns others, which pass through as plain ints. */
+/* Only the codes the extension names; the library returns others, which pass through as plain ints. */
 typedef enum {
     RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC = -188,
     RD_KAFKA_RESP_ERR__INVALID_ARG = -186,

@@ -12,7 +12,6 @@ build tools are installed into this virtualenv on first use.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import shlex
 import shutil
@@ -50,8 +49,19 @@ def version() -> str:
 
 
 def ensure_tools() -> None:
-    """pip-installs into this interpreter's environment the build tools it lacks."""
-    missing = [spec for module, spec in TOOLS.items() if importlib.util.find_spec(module) is None]
+    """pip-installs into this interpreter's environment the build tools it lacks. Asked by distribution, not by
+    module: run from the repository, ``import build`` would find the build/ directory."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    def lacks(name: str) -> bool:
+        try:
+            installed(name)
+        except PackageNotFoundError:
+            return True
+        return False
+
+    missing = [spec for name, spec in TOOLS.items() if lacks(name)]
     if missing:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
 
