@@ -125,22 +125,30 @@ class AttemptLog(NoLog):
         """at_least_once, once this attempt has begun: read the earlier attempts again, when none is still sending.
 
         Spark does not wait for a failed task's Python worker: it goes on sending what its input had buffered while
-        the retry runs, and may even start its writer after the retry started. Spark numbers task attempts in
-        order, so an attempt that finds a later one begun by a live process here stands down before sending
-        anything, and one that finds an earlier one still sending waits (up to ``wait_s``) for it to end with its
-        acknowledgements saved. Each begins before it looks, so of two that overlap one always sees the other."""
+        the retry runs, and may even start its writer after the retry (or the whole job) ended. Within one run of a
+        write (``run`` in the identity: one driver-side writer, one SparkContext) Spark numbers task attempts in
+        order, so an attempt that finds a later one of its run stands down before sending anything, whether that
+        one still runs or not; across runs only a later one begun by a live process here counts, since attempt
+        numbers start again in a new application. One that finds an earlier attempt still sending waits (up to
+        ``wait_s``) for it to end with its acknowledgements saved. Each begins before it looks, so of two that
+        overlap one always sees the other."""
         assert self.key is not None
         mine = ident.extra.get("task_attempt_id")
+        run = ident.extra.get("run")
         deadline = time.monotonic() + wait_s
         waited = False
         while True:
             self.priors = [a for a in self.wal.prior_attempts(ident.write_id, ident.partition) if a.key != self.key]
             if not isinstance(mine, int):  # not in a Spark task: no order among attempts to go by
                 return
-            if any(_task_attempt(a) > mine and runs_here(a) for a in self.priors):
+
+            def same_run(a: AttemptInfo) -> bool:
+                return run is not None and a.extra.get("run") == run
+
+            if any(_task_attempt(a) > mine and (same_run(a) or runs_here(a)) for a in self.priors):
                 raise InputCutShortError(f"{ident.where}: Spark already started a later attempt of this task, so "
                                          "this one's JVM side is gone; it stands down without sending anything")
-            sending = [a for a in self.priors if _task_attempt(a) < mine and a.state != DONE
+            sending = [a for a in self.priors if (_task_attempt(a) < mine or not same_run(a)) and a.state != DONE
                        and "ended" not in a.extra and runs_here(a)]
             if not sending:
                 return

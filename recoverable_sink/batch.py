@@ -35,6 +35,8 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         self.plan = plan
         self.cluster_id = cluster_id
         self.write_id = options.write_id or uuid.uuid4().hex
+        # One run of this write (this driver-side writer, one SparkContext): its tasks' attempt ids are ordered.
+        self.run_id = uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
@@ -43,7 +45,8 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         ctx = TaskContext.get()
         assert ctx is not None, "write() runs inside a Spark task"
         ident = TaskIdentity(write_id=self.write_id, partition=ctx.partitionId(), attempt=ctx.attemptNumber(),
-                             kind="batch", extra={"stage": ctx.stageId(), "task_attempt_id": ctx.taskAttemptId()})
+                             kind="batch", extra={"stage": ctx.stageId(), "task_attempt_id": ctx.taskAttemptId(),
+                                                   "run": self.run_id})
         return write_partition(iterator, self.options, self.plan, ident, self.cluster_id,
                                input_end=how_input_ended)
 

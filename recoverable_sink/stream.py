@@ -9,6 +9,7 @@ and sends nothing twice. That proof is released when a later micro-batch of the 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -30,6 +31,8 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
         self.plan = plan
         self.cluster_id = cluster_id
+        # One run of this micro-batch (this driver-side writer, one SparkContext): its tasks' attempt ids are ordered.
+        self.run_id = uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
@@ -51,7 +54,8 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
             release_committed_batches(open_wal(self.options.resolved_wal_path()), query_id, batch)
         ident = TaskIdentity(write_id=stream_write_id(query_id, batch), partition=ctx.partitionId(),
                              attempt=ctx.attemptNumber(), kind="stream",
-                             extra={"query_id": query_id, "batch_id": batch, "task_attempt_id": ctx.taskAttemptId()})
+                             extra={"query_id": query_id, "batch_id": batch, "task_attempt_id": ctx.taskAttemptId(),
+                                    "run": self.run_id})
         message = write_partition(iterator, self.options, self.plan, ident, self.cluster_id, input_end=how_input_ended)
         message.query_id = query_id
         return message

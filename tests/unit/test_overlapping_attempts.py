@@ -4,7 +4,10 @@ writer after the retry started. Neither order may put a record in Kafka twice.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +60,36 @@ def test_a_retry_waits_for_an_earlier_attempt_still_sending_then_skips_what_kafk
     thread.join(30)
     [message] = done
     assert (message.skipped, message.published, message.replayed) == (300, 200, 100)
+
+
+_BEGIN_AND_DIE = """
+import os, sys
+from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.task import open_writer
+from tests.unit.fakes import FakeProducer
+from tests.unit.test_delivery_identity import PLAN, options
+open_writer(options(sys.argv[1]), PLAN, TaskIdentity("w", 0, 1, extra={"task_attempt_id": 7, "run": sys.argv[2]}),
+            "c1", producer=FakeProducer())
+os._exit(0)  # gone without an abort, as a worker Spark killed
+"""
+
+
+@pytest.mark.parametrize("run_of_the_later", ["r1", "r0"])
+def test_a_late_attempt_stands_down_for_a_later_one_of_its_run_even_once_that_ones_process_is_gone(
+        wal_dir, run_of_the_later):
+    """Spark kills a failed job's workers: the later attempt's process may be gone by the time a stale earlier one
+    starts its writer. Within one run the task attempt ids still order them; across runs (a new application
+    numbers its attempts from 0 again) a dead process's larger id says nothing, and the attempt goes on."""
+    subprocess.run([sys.executable, "-c", _BEGIN_AND_DIE, str(wal_dir), run_of_the_later], check=True,
+                   cwd=Path(__file__).resolve().parents[2])
+    late = FakeProducer()
+    stale = TaskIdentity("w", 0, 0, extra={"task_attempt_id": 3, "run": "r1"})
+    if run_of_the_later == "r1":
+        with pytest.raises(InputCutShortError, match="later attempt"):
+            open_writer(options(wal_dir), PLAN, stale, "c1", producer=late)
+        assert late.delivered == []
+    else:
+        writer = open_writer(options(wal_dir), PLAN, stale, "c1", producer=late)
+        for b in batches(rows(100)):
+            writer.write(b)
+        assert writer.commit().published == 100
