@@ -14,6 +14,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
+from recoverable_sink.errors import sentence_first
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.summary import log_abort, log_commit, summarize, wal_location, write_summary
@@ -47,8 +48,9 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         ident = TaskIdentity(write_id=self.write_id, partition=ctx.partitionId(), attempt=ctx.attemptNumber(),
                              kind="batch", extra={"stage": ctx.stageId(), "task_attempt_id": ctx.taskAttemptId(),
                                                    "run": self.run_id})
-        return write_partition(iterator, self.options, self.plan, ident, self.cluster_id,
-                               input_end=how_input_ended)
+        with sentence_first():
+            return write_partition(iterator, self.options, self.plan, ident, self.cluster_id,
+                                   input_end=how_input_ended)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         summary = summarize(messages)

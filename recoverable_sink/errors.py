@@ -3,6 +3,11 @@ and says what to do about it."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from confluent_kafka import KafkaError
 
 
@@ -45,6 +50,35 @@ class InputCutShortError(RecoverableSinkError):
 class FatalProducerError(DeliveryError):
     """The producer cannot go on (idempotence or transaction state lost; under exactly_once most often: another
     attempt of the partition fenced this one). The task fails; what was acknowledged is checkpointed."""
+
+
+# pyspark's worker modules that run a Python data source write: its tasks, its planning (writer(), streamWriter())
+# and a stream's commit. Each reports a failure to the JVM and then exits.
+_SPARK_WORKERS = ("pyspark.worker", "pyspark.sql.worker.write_into_data_source",
+                  "pyspark.sql.worker.python_streaming_sink_runner")
+
+
+def _in_a_spark_worker() -> bool:
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(main, "name", None) in _SPARK_WORKERS or any(m in sys.modules for m in _SPARK_WORKERS)
+
+
+@contextmanager
+def sentence_first() -> Iterator[None]:
+    """Let a sink error raised in one of Spark's Python workers reach the user as its sentence alone.
+
+    pyspark's worker sends a failure to the JVM as a whole traceback, which Spark puts after its own prefix
+    (``[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer:`` on the driver, ``An exception
+    was thrown from the Python worker:`` from a task), so the sink's sentence came after 8 to 12 lines of frames.
+    With ``SPARK_HIDE_TRACEBACK`` set (what ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` sets) the
+    worker sends ``Type: sentence`` alone; the variable is read when the worker reports the error, and the worker
+    exits right after, so nothing else is affected. Any other exception (a bug) keeps its traceback."""
+    try:
+        yield
+    except RecoverableSinkError:
+        if _in_a_spark_worker():
+            os.environ["SPARK_HIDE_TRACEBACK"] = "1"
+        raise
 
 
 def transaction_problem(err: KafkaError, what: str, txn_id: str) -> str:

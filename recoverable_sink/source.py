@@ -12,7 +12,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourc
 from pyspark.sql.types import StructType
 
 from recoverable_sink.batch import RecoverableKafkaBatchWriter
-from recoverable_sink.errors import OptionError
+from recoverable_sink.errors import OptionError, sentence_first
 from recoverable_sink.options import SinkOptions, parse_options
 from recoverable_sink.preflight import TopicQuestions, check_cluster, check_transactions, fit_topic_limit
 from recoverable_sink.records import SchemaPlan
@@ -64,14 +64,16 @@ class RecoverableKafkaDataSource(DataSource):
         return WriterArgs(options, plan, cluster_id)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        if overwrite:
-            raise OptionError(
-                "save mode Overwrite is not supported: a Kafka topic is an append-only log that cannot be "
-                "truncated by a write; use mode('append') (format('kafka') refuses Overwrite too)"
-            )
-        return RecoverableKafkaBatchWriter(*self._writer_args(schema))
+        with sentence_first():
+            if overwrite:
+                raise OptionError(
+                    "save mode Overwrite is not supported: a Kafka topic is an append-only log that cannot be "
+                    "truncated by a write; use mode('append') (format('kafka') refuses Overwrite too)"
+                )
+            return RecoverableKafkaBatchWriter(*self._writer_args(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
         # overwrite is set for outputMode("complete"): like format("kafka"), every trigger then appends the whole
         # result table to the topic; there is nothing to truncate in Kafka.
-        return RecoverableKafkaStreamWriter(*self._writer_args(schema))
+        with sentence_first():
+            return RecoverableKafkaStreamWriter(*self._writer_args(schema))

@@ -14,16 +14,26 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark import TaskContext
-from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import WriterCommitMessage
 
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, stream_write_id
-from recoverable_sink.errors import RecoverableSinkError
+from recoverable_sink.errors import RecoverableSinkError, sentence_first
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
 from recoverable_sink.summary import log_abort, log_commit, summarize, write_summary
 
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamArrowWriter
+except ImportError:  # pyspark 4.0, which has no Arrow stream writer class
+    from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 
-class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
+    class _StreamArrowWriter(DataSourceStreamWriter, DataSourceArrowWriter):  # type: ignore[no-redef]
+        """pyspark 4.0's write worker hands Arrow batches to any writer that is a ``DataSourceArrowWriter``, a
+        stream writer included (4.1 names that case ``DataSourceStreamArrowWriter``), so the sink reads the
+        same input on 4.0 as on 4.1+, with no rows turned back into Arrow."""
+
+
+class RecoverableKafkaStreamWriter(_StreamArrowWriter):
     """Writes each micro-batch's partitions through the WAL: across task retries and driver restarts from the
     same checkpoint, a record acknowledged once is not sent again on the same host."""
 
@@ -35,6 +45,10 @@ class RecoverableKafkaStreamWriter(DataSourceStreamArrowWriter):
         self.run_id = uuid.uuid4().hex
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        with sentence_first():
+            return self._write(iterator)
+
+    def _write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
         from recoverable_sink.task import write_partition
         from recoverable_sink.wal import open_wal, release_committed_batches

@@ -1,5 +1,6 @@
 """``make matrix``: the supported Python and pyspark versions, each proven in a fresh virtualenv by a real write
-and a killed-worker retry in both delivery modes (tools/matrix_job.py), against one local broker.
+and a killed-worker retry in both delivery modes, and a streaming one (tools/matrix_job.py), against one local
+broker.
 
     make matrix                                   # every cell
     MATRIX="3.12:4.2.1" make matrix               # some cells: python:pyspark, comma-separated
@@ -23,7 +24,7 @@ from testing.kafka_local import REPO, KafkaCluster
 
 OUT = REPO / "build" / "matrix"
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
-PYSPARKS = ("4.1.1", "4.2.1")
+PYSPARKS = ("4.0.5", "4.1.1", "4.2.1")
 DEFAULT = [f"{py}:{ps}" for py in PYTHONS for ps in PYSPARKS]
 
 
@@ -36,7 +37,18 @@ def interpreter(version: str) -> str:
     return found
 
 
-def cell(python: str, pyspark: str, bootstrap: str) -> dict[str, object]:
+def source_copy() -> Path:
+    """The working tree without build outputs, to build the wheels from: setuptools stages a wheel in the tree's
+    build/, where an extension built earlier under another name (before the stable ABI: _produce.cpython-3XX-...so)
+    would ride along into the wheel and be imported ahead of the fresh one."""
+    src = OUT / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                             "*.so", ".pytest_cache", ".ruff_cache"))
+    return src
+
+
+def cell(python: str, pyspark: str, bootstrap: str, src: Path) -> dict[str, object]:
     venv = OUT / f"py{python}-pyspark{pyspark}"
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([interpreter(python), "-m", "venv", str(venv)], check=True)
@@ -45,7 +57,7 @@ def cell(python: str, pyspark: str, bootstrap: str) -> dict[str, object]:
     # The package from a wheel built by that Python (its C extensions included), as a user installs it.
     wheels = OUT / f"wheels-py{python}"
     shutil.rmtree(wheels, ignore_errors=True)
-    subprocess.run([str(venv / "bin/python"), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+    subprocess.run([str(venv / "bin/python"), "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(src)],
                    check=True)
     subprocess.run([*pip, f"pyspark=={pyspark}", *map(str, wheels.glob("*.whl"))], check=True)
     work = OUT / f"work-py{python}-pyspark{pyspark}"
@@ -65,6 +77,7 @@ def cell(python: str, pyspark: str, bootstrap: str) -> dict[str, object]:
 def main() -> int:
     cells = [c.strip() for c in os.environ.get("MATRIX", "").split(",") if c.strip()] or DEFAULT
     OUT.mkdir(parents=True, exist_ok=True)
+    src = source_copy()
     cluster = KafkaCluster(OUT / "kafka", 1)
     cluster.wipe()
     cluster.start()
@@ -72,7 +85,7 @@ def main() -> int:
     try:
         for spec in cells:
             python, pyspark = spec.split(":")
-            result = cell(python, pyspark, cluster.bootstrap_servers)
+            result = cell(python, pyspark, cluster.bootstrap_servers, src)
             results.append(result)
             sys.stdout.write(json.dumps(result) + "\n")
             sys.stdout.flush()

@@ -1,6 +1,7 @@
 """One cell of ``make matrix``, run by the Python of a fresh virtualenv that holds only pyspark and the
-installed package (no repository on its path): a real write in both delivery modes whose first attempts'
-Python workers are SIGKILLed mid-partition, read back by a plain read_committed consumer.
+installed package (no repository on its path): a real write in both delivery modes, and a streaming write (its
+own writer class), whose first attempts' Python workers are SIGKILLed mid-partition, each read back by a plain
+read_committed consumer.
 
     <venv>/bin/python tools/matrix_job.py BOOTSTRAP PREFIX WORKDIR     # prints one JSON line; exit 0 if all held
 """
@@ -11,6 +12,10 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 ROWS, PARTITIONS = 20_000, 2
 
@@ -42,9 +47,50 @@ def read_back(bootstrap: str, topic: str, expected: int) -> list[str]:
         consumer.close()
 
 
+def new_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(60)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until both partitions have a leader
+        meta = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is not None and meta.error is None and len(meta.partitions) == 2 and \
+                all(p.leader >= 0 for p in meta.partitions.values()):
+            return
+        time.sleep(0.1)
+
+
+def outcome(bootstrap: str, topic: str, summary: str) -> dict[str, int]:
+    retried = json.loads(open(summary).read().splitlines()[-1])["retried_partitions"]
+    keys = read_back(bootstrap, topic, ROWS)
+    return {"retried_partitions": retried, "lost": ROWS - len(set(keys)), "duplicated": len(keys) - len(set(keys))}
+
+
+def held(result: dict[str, int]) -> bool:
+    return result["retried_partitions"] > 0 and result["lost"] == 0 and result["duplicated"] == 0
+
+
+def stream(spark: SparkSession, bootstrap: str, prefix: str, work: str) -> dict[str, int]:
+    """One micro-batch of ROWS records from a JSON directory, through the streaming writer (a class of its own)."""
+    source = os.path.join(work, "stream-in")
+    os.makedirs(source, exist_ok=True)
+    with open(os.path.join(source, "part-0.json"), "w") as out:
+        out.writelines(f'{{"key": "{i}", "value": "v"}}\n' for i in range(ROWS))
+    topic, summary = f"{prefix}-stream", os.path.join(work, "stream.jsonl")
+    new_topic(bootstrap, topic)
+    df = spark.readStream.schema("key STRING, value STRING").json(source).repartition(PARTITIONS)
+    query = (df.writeStream.format("recoverable_kafka").trigger(availableNow=True)
+             .option("checkpointLocation", os.path.join(work, "checkpoint"))
+             .option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+             .option("wal.path", os.path.join(work, "wal")).option("summary.path", summary)
+             .option("_test.killAfterRecords", "3000").start())
+    query.awaitTermination(600)
+    return outcome(bootstrap, topic, summary)
+
+
 def main() -> int:
     bootstrap, prefix, work = sys.argv[1], sys.argv[2], sys.argv[3]
-    from confluent_kafka.admin import AdminClient, NewTopic
     from pyspark.sql import SparkSession
 
     import recoverable_sink
@@ -59,26 +105,16 @@ def main() -> int:
     ok = True
     for mode in ("at_least_once", "exactly_once"):
         topic = f"{prefix}-{mode}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(60)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until both partitions have a leader
-            meta = admin.list_topics(topic, timeout=10).topics.get(topic)
-            if meta is not None and meta.error is None and len(meta.partitions) == 2 and \
-                    all(p.leader >= 0 for p in meta.partitions.values()):
-                break
-            time.sleep(0.1)
+        new_topic(bootstrap, topic)
         summary = os.path.join(work, f"{mode}.jsonl")
         (df.write.format("recoverable_kafka").mode("append")
          .option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
          .option("delivery.guarantee", mode).option("wal.path", os.path.join(work, "wal"))
          .option("summary.path", summary).option("_test.killAfterRecords", "3000").save())
-        retried = json.loads(open(summary).read().splitlines()[-1])["retried_partitions"]
-        keys = read_back(bootstrap, topic, ROWS)
-        lost = ROWS - len(set(keys))
-        duplicated = len(keys) - len(set(keys))
-        report[mode] = {"retried_partitions": retried, "lost": lost, "duplicated": duplicated}
-        ok = ok and retried > 0 and lost == 0 and duplicated == 0
+        report[mode] = outcome(bootstrap, topic, summary)
+        ok = ok and held(report[mode])
+    report["stream"] = stream(spark, bootstrap, prefix, work)
+    ok = ok and held(report["stream"])
     spark.stop()
     report["ok"] = ok
     sys.stdout.write(json.dumps(report) + "\n")
