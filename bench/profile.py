@@ -1,4 +1,4 @@
-"""Where one task's time goes: a :class:`PartitionWriter` driven with Arrow batches in this process (no Spark,
+"""Where one task's time goes: an at-least-once writer driven with Arrow batches in this process (no Spark,
 no JVM), against a real local broker, with the WAL on and off, then once more under cProfile.
 
     .venv/bin/python -m bench.profile     # PROFILE_ROWS=300000 PROFILE_VALUE_BYTES=100 PROFILE_REPS=5

@@ -128,8 +128,8 @@ class AttemptLog(NoLog):
         the retry runs, and may even start its writer after the retry (or the whole job) ended. Within one run of a
         write (``run`` in the identity: one driver-side writer, one SparkContext) Spark numbers task attempts in
         order, so an attempt that finds a later one of its run stands down before sending anything, whether that
-        one still runs or not; across runs only a later one begun by a live process here counts, since attempt
-        numbers start again in a new application. One that finds an earlier attempt still sending waits (up to
+        one still runs or not; across runs (attempt numbers start again in a new application) one begun later by a
+        live process here counts. One that finds an earlier attempt still sending waits (up to
         ``wait_s``) for it to end with its acknowledgements saved. Each begins before it looks, so of two that
         overlap one always sees the other."""
         assert self.key is not None
@@ -142,14 +142,15 @@ class AttemptLog(NoLog):
             if not isinstance(mine, int):  # not in a Spark task: no order among attempts to go by
                 return
 
-            def same_run(a: AttemptInfo) -> bool:
-                return run is not None and a.extra.get("run") == run
+            def later(a: AttemptInfo) -> bool:
+                if run is not None and a.extra.get("run") == run:
+                    return _task_attempt(a) > mine
+                return a.key > self.key and runs_here(a)  # another run: begun after this one (keys start with time)
 
-            if any(_task_attempt(a) > mine and (same_run(a) or runs_here(a)) for a in self.priors):
+            if any(later(a) for a in self.priors):
                 raise InputCutShortError(f"{ident.where}: Spark already started a later attempt of this task, so "
                                          "this one's JVM side is gone; it stands down without sending anything")
-            sending = [a for a in self.priors if (_task_attempt(a) < mine or not same_run(a)) and a.state != DONE
-                       and "ended" not in a.extra and runs_here(a)]
+            sending = [a for a in self.priors if a.state != DONE and "ended" not in a.extra and runs_here(a)]
             if not sending:
                 return
             if time.monotonic() >= deadline:
@@ -171,8 +172,11 @@ class AttemptLog(NoLog):
     def drop(self) -> None:
         """Remove this attempt's entry before anything was logged under it (a start that failed once begun)."""
         if self.key is not None:
-            with suppress(Exception):
+            try:
                 self.wal.purge([self.key])
+            except Exception:  # noqa: BLE001 - at least no retry is to wait for it
+                with suppress(Exception):
+                    self.wal.end_attempt(self.key)
             self.key = None
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,

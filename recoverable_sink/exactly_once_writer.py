@@ -65,6 +65,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
 
     def _release_after_failed_start(self) -> None:
         self.txn.abort()  # no transaction of this attempt stays open behind a failed start
+        self.log.drop()
 
     def _before_send(self) -> None:
         self.txn.sending()

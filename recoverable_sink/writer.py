@@ -186,7 +186,9 @@ class AtLeastOnceWriter:
             raise
 
     def _release_after_failed_start(self) -> None:
-        """The pooled producer stays in the pool: nothing was sent through it."""
+        """Nothing was sent: the pooled producer stays in the pool, and an entry begun is removed, so that no
+        retry waits for it."""
+        self.log.drop()
 
     # ---- the data path ----------------------------------------------------------------------------------
     def write(self, raw: pa.RecordBatch) -> None:

@@ -37,7 +37,7 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None) -> SweepResult
         return SweepResult(0, 0)
     # Not finished: kept while its process may still run it; once that process is gone it is a failed
     # attempt's proof of delivery, kept for the retention like a finished one's.
-    unfinished = {a.key for a in old if a.state != DONE and _alive(a.extra.get("owner"))}
+    unfinished = {a.key for a in old if a.state != DONE and "ended" not in a.extra and _alive(a.extra.get("owner"))}
     holding = wal.holding_payload([a.key for a in old if a.key not in unfinished])
     kept = [a for a in old if a.key in unfinished or a.key in holding]
     removable = [a for a in old if a.key not in unfinished and a.key not in holding]

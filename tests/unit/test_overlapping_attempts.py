@@ -20,7 +20,7 @@ from tests.unit.test_delivery_identity import PLAN, batches, options, rows
 
 
 def _ident(task_attempt_id: int, attempt: int) -> TaskIdentity:
-    return TaskIdentity("w", 0, attempt, extra={"task_attempt_id": task_attempt_id})
+    return TaskIdentity("w", 0, attempt, extra={"task_attempt_id": task_attempt_id, "run": "r1"})
 
 
 def test_an_attempt_whose_writer_starts_after_its_retry_stands_down_without_sending(wal_dir):
@@ -93,3 +93,20 @@ def test_a_late_attempt_stands_down_for_a_later_one_of_its_run_even_once_that_on
         for b in batches(rows(100)):
             writer.write(b)
         assert writer.commit().published == 100
+
+
+def test_a_new_application_rerunning_the_write_goes_on_beside_an_old_runs_live_worker(wal_dir):
+    """Task attempt ids start again in a new application: an old run's finished attempt with a larger id, whose
+    (reused) worker still lives, neither makes the new run's attempt stand down nor keeps it waiting."""
+    opts = options(wal_dir)
+    old = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, extra={"task_attempt_id": 5000, "run": "old"}), "c1",
+                      producer=FakeProducer())
+    for b in batches(rows(300)):
+        old.write(b)
+    old.commit()
+    again = FakeProducer()
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, extra={"task_attempt_id": 10, "run": "new"}), "c1",
+                         producer=again)
+    for b in batches(rows(300)):
+        writer.write(b)
+    assert (writer.commit().skipped, again.delivered) == (300, [])
