@@ -211,6 +211,15 @@ static inline int ar_binary(const struct ArrowSchema *s, const struct ArrowArray
     return ok ? 0 : ar_fail(what, "offsets out of order or outside its data");
 }
 
+/* -1 with a ValueError naming the column unless the array has exactly `rows` rows (the batch's). */
+static inline int ar_rows(const struct ArrowArray *a, int64_t rows, const char *what) {
+    if (a->length == rows)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: %lld rows where the batch has %lld", what, (long long)a->length,
+                 (long long)rows);
+    return -1;
+}
+
 /* An int32 (width 4) or int64 (width 8) array of exactly `rows` rows as a view. */
 static inline int ar_int(const struct ArrowSchema *s, const struct ArrowArray *a, int64_t rows, int width,
                          const char *what, ar_int_t *out) {
@@ -222,11 +231,8 @@ static inline int ar_int(const struct ArrowSchema *s, const struct ArrowArray *a
     }
     if (ar_check(s, a, 2, 0, what) < 0)
         return -1;
-    if (a->length != rows) {
-        PyErr_Format(PyExc_ValueError, "%s: %lld rows where the batch has %lld", what, (long long)a->length,
-                     (long long)rows);
+    if (ar_rows(a, rows, what) < 0)
         return -1;
-    }
     out->valid = ar_validity(a);
     out->values = a->buffers[1];
     out->offset = a->offset;
@@ -240,11 +246,8 @@ static inline int ar_int(const struct ArrowSchema *s, const struct ArrowArray *a
 /* A top-level binary column of exactly `rows` rows. */
 static inline int ar_binary_rows(const struct ArrowSchema *s, const struct ArrowArray *a, int64_t rows,
                                  int wide_ok, const char *what, ar_binary_t *out) {
-    if (a->length != rows) {
-        PyErr_Format(PyExc_ValueError, "%s: %lld rows where the batch has %lld", what, (long long)a->length,
-                     (long long)rows);
+    if (ar_rows(a, rows, what) < 0)
         return -1;
-    }
     return ar_binary(s, a, 0, rows, wide_ok, what, out);
 }
 
@@ -280,11 +283,8 @@ static inline int ar_headers(const struct ArrowSchema *s, const struct ArrowArra
         PyErr_Format(PyExc_TypeError, "%s: its structs have no key or no value field", what);
         return -1;
     }
-    if (a->length != rows) {
-        PyErr_Format(PyExc_ValueError, "%s: %lld rows where the batch has %lld", what, (long long)a->length,
-                     (long long)rows);
+    if (ar_rows(a, rows, what) < 0)
         return -1;
-    }
     out->valid = ar_validity(a);
     out->offset = a->offset;
     out->length = rows;
