@@ -1,4 +1,4 @@
-"""``recoverable-kafka-wal``: inspect a WAL, finish failed writes from it, purge it.
+"""recoverable-kafka-wal: inspect a WAL, finish failed writes from it, purge it.
 
 A batch job that failed (say the brokers were down longer than ``delivery.timeout.ms``) leaves, on each
 executor, the records Kafka never acknowledged. The first way to finish it is to re-run the job with
