@@ -66,6 +66,18 @@ def ensure_tools() -> None:
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", *missing], check=True)
 
 
+def _build_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of ``python -m build``, without the two warnings a clean build otherwise prints per
+    backend call: setuptools' note that ``[tool.setuptools.ext-modules]`` is experimental (this project uses it
+    on purpose, see pyproject.toml), and, under PYTHONDONTWRITEBYTECODE, build_py's and install_lib's "byte-compiling
+    is disabled" (a wheel holds no bytecode either way). Any other warning still shows."""
+    env = dict(os.environ if base is None else base)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    quiet = "ignore:`[tool.setuptools.ext-modules]` in `pyproject.toml` is still *experimental*"
+    env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), quiet) if w)
+    return env
+
+
 def build_sdist(out: Path) -> Path:
     """The sdist, by PEP 517 in an isolated environment with the setuptools pyproject.toml asks for."""
     ensure_tools()
@@ -73,7 +85,7 @@ def build_sdist(out: Path) -> Path:
     for old in out.glob("recoverable_sink-*.tar.gz"):
         old.unlink()
     subprocess.run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(REPO)], check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL, env=_build_env())
     (sdist,) = out.glob("recoverable_sink-*.tar.gz")
     return sdist
 
@@ -133,7 +145,7 @@ def build_wheel(sdist: Path, arch: str, out: Path) -> Wheel:
         options = f"--py-limited-api {LIMITED_API} --plat-name linux_{arch}"
         subprocess.run([sys.executable, "-m", "build", "--wheel", "--outdir", str(raw),
                         f"--config-setting=--build-option={options}", str(src)], check=True,
-                       stdout=subprocess.DEVNULL, env=_zig_env(arch))
+                       stdout=subprocess.DEVNULL, env=_build_env(_zig_env(arch)))
         (built,) = raw.glob("*.whl")
         check_wheel(built, arch)
         check_abi3(built)
