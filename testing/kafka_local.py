@@ -421,8 +421,17 @@ def ensure_local(timeout_s: float = 120) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = argparse.ArgumentParser(description="a local Apache Kafka broker on 127.0.0.1 for development")
-    parser.add_argument("command", choices=["up", "down", "status"])
+    parser = argparse.ArgumentParser(
+        prog="python -m testing.kafka_local", description="A local Apache Kafka broker on 127.0.0.1 for development.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="environment:\n"
+               "  KAFKA_PORT       the broker's port (default 9092): 127.0.0.1:$KAFKA_PORT\n"
+               "  KAFKA_LOCAL_DIR  its data and log directory (default build/kafka/local in the repository);\n"
+               "                   the log is node1/broker.log there\n"
+               "Each command acts on the broker these name: give down and status the same values as up.")
+    parser.add_argument("command", choices=["up", "down", "status"],
+                        help="up: start it unless one already answers there (idempotent); down: stop it; "
+                             "status: exit 0 if it is up, 1 if not")
     args = parser.parse_args(argv)
     cluster = local_cluster()
     if args.command == "up":
