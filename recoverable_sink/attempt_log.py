@@ -14,10 +14,11 @@ from contextlib import suppress
 import pyarrow as pa
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.contract import TaskIdentity, later_run
 from recoverable_sink.errors import InputCutShortError
-from recoverable_sink.identity import DeliveredSet, record_digests
+from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests
 from recoverable_sink.options import SinkOptions
+from recoverable_sink.rerun import EarlierRuns, NoEarlierRuns, earlier_run_attempts
 from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal, runs_here, sweep_now_and_then
 
 log = get_logger("attempt_log")
@@ -56,6 +57,14 @@ class NoLog:
     def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None:
         """No earlier attempt is known."""
 
+    def earlier_attempts(self, ident: TaskIdentity) -> list[AttemptInfo]:
+        """No log: no earlier run is known."""
+        return []
+
+    def earlier_runs(self, ident: TaskIdentity, attempts: list[AttemptInfo],
+                     all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
+        return NoEarlierRuns()
+
     def end(self) -> None:
         """Nothing to end."""
 
@@ -63,7 +72,7 @@ class NoLog:
         """Nothing to drop."""
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
-              topic_option: str | None, cluster_id: str) -> Future[int] | None:
+              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[int] | None:
         return None
 
     def save_acks(self, acks: Acks, sync: bool = True) -> None:
@@ -145,6 +154,8 @@ class AttemptLog(NoLog):
             def later(a: AttemptInfo) -> bool:
                 if run is not None and a.extra.get("run") == run:
                     return _task_attempt(a) > mine
+                if later_run(a.extra.get("run"), run):  # a newer run of the write: this one is a zombie
+                    return True
                 return a.key > self.key and runs_here(a)  # another run: begun after this one (keys start with time)
 
             if any(later(a) for a in self.priors):
@@ -164,6 +175,17 @@ class AttemptLog(NoLog):
                 waited = True
             time.sleep(0.05)
 
+    def earlier_attempts(self, ident: TaskIdentity) -> list[AttemptInfo]:
+        """Attempts of this write, in any partition, that earlier runs of it left in this WAL."""
+        return earlier_run_attempts(self.wal, ident, self.key)
+
+    def earlier_runs(self, ident: TaskIdentity, attempts: list[AttemptInfo],
+                     all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
+        """What ``attempts`` (of earlier runs) delivered, for this attempt to take from under claims."""
+        if not attempts:
+            return NoEarlierRuns()
+        return EarlierRuns(self.wal, ident, self.wal.delivered(attempts, all_acknowledged), attempts)
+
     def end(self) -> None:
         """After a failure, behind the acknowledgement saves still queued: no retry need wait for this attempt."""
         if self.key is not None:
@@ -180,10 +202,11 @@ class AttemptLog(NoLog):
             self.key = None
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
-              topic_option: str | None, cluster_id: str) -> Future[int]:
+              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[int]:
         """Queue the batch (records ``first``...) with its digests and the bitmaps changed since the last write;
         the future gives the payload bytes stored. Without ``digests`` they are hashed on their own thread while
-        the WAL thread may still be storing the batch before (both mostly without the GIL)."""
+        the WAL thread may still be storing the batch before (both mostly without the GIL), and added to
+        ``fingerprint`` there."""
         assert self.key is not None
         wal, key, max_bytes = self.wal, self.key, self.options.wal_max_bytes
         hashed = helper_thread("hash").submit(record_digests, batch, topic_option, cluster_id) \
@@ -194,6 +217,8 @@ class AttemptLog(NoLog):
                 if self._failed is not None:  # a refused batch lets no later batch into the log
                     raise self._failed
                 ids = digests if hashed is None else hashed.result()
+                if hashed is not None:
+                    fingerprint.add(ids)
                 return wal.append(key, first, batch, ids, max_bytes, acks)
             except BaseException as exc:
                 self._failed = self._failed or exc

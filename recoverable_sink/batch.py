@@ -13,7 +13,7 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
+from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id
 from recoverable_sink.errors import sentence_first
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
@@ -37,7 +37,7 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         self.cluster_id = cluster_id
         self.write_id = options.write_id or uuid.uuid4().hex
         # One run of this write (this driver-side writer, one SparkContext): its tasks' attempt ids are ordered.
-        self.run_id = uuid.uuid4().hex
+        self.run_id = new_run_id()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs

@@ -163,6 +163,10 @@ def _parser() -> argparse.ArgumentParser:
             _client_arguments(p)
             p.add_argument("--partitions", type=int, default=None,
                            help="the write's partition count: also refuse when a partition is missing here")
+            p.add_argument("--allow-other-cluster", action="store_true",
+                           help="send to brokers of another Kafka cluster than the write's (refused otherwise); "
+                                "nothing is then recorded as delivered, so a re-run against the write's own "
+                                "cluster still sends every record")
     p = sub.add_parser("transactions", help="list (and --abort) the open exactly_once transactions of a prefix",
                        description="List the transactional ids of a transactional.id.prefix that the brokers "
                                    "keep, with their state and age, read from __transaction_state (the principal "
@@ -310,7 +314,7 @@ def _replay(wal: Wal, args: argparse.Namespace, attempts: list[AttemptInfo]) -> 
 
     result = replay_write(wal, args.write_id, attempts, kafka, expected_partitions=args.partitions,
                           progress=lambda partition: Progress(f"write {args.write_id} partition {partition}"),
-                          on_partition=replayed)
+                          on_partition=replayed, allow_other_cluster=args.allow_other_cluster)
     total, refused = result.total, result.refused
     report = {"write_id": args.write_id, "partitions": result.partitions, **asdict(total), "refused": refused}
     if args.json:

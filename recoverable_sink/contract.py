@@ -5,6 +5,8 @@ Driver-side modules (``summary``, ``batch``, ``stream``) import this, never the 
 
 from __future__ import annotations
 
+import time
+import uuid
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -66,3 +68,31 @@ class SinkCommitMessage(WriterCommitMessage):
 def stream_write_id(query_id: str, batch_id: int) -> str:
     """The write id of one micro-batch: stable across task retries and driver restarts from a checkpoint."""
     return f"{query_id}-b{batch_id:012d}"
+
+
+def new_run_id() -> str:
+    """The id of one run of a write (one driver-side writer): it sorts by the time the driver made it, so a
+    task can tell a newer run of its write from an older one, and ends with a random part."""
+    return f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+
+
+def later_run(run: object, than: object) -> bool:
+    """Whether run id ``run`` was made after ``than``; False where either is not a time-ordered run id.
+
+    >>> later_run("00000000000000000002-ab", "00000000000000000001-cd"), later_run("x", "00000000000000000001-cd")
+    (True, False)
+    """
+    if not (isinstance(run, str) and isinstance(than, str)):
+        return False
+    a, b = run.split("-", 1)[0], than.split("-", 1)[0]
+    return len(a) == len(b) == 20 and a.isdigit() and b.isdigit() and a > b
+
+
+def stream_batch_of(write_id: str) -> int | None:
+    """The micro-batch id in a stream's write id (see :func:`stream_write_id`), None for a batch write's.
+
+    >>> stream_batch_of(stream_write_id("q1", 7)), stream_batch_of("w1")
+    (7, None)
+    """
+    head, sep, tail = write_id.rpartition("-b")
+    return int(tail) if sep and head and len(tail) == 12 and tail.isdigit() else None

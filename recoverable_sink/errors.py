@@ -47,6 +47,14 @@ class InputCutShortError(RecoverableSinkError):
     """Spark ended the task's input early because the JVM side of the task failed; nothing is committed."""
 
 
+class StaleAttemptError(RecoverableSinkError):
+    """A task of a run (or micro-batch) that a newer one has already superseded: a zombie. It sends nothing."""
+
+
+class RerunRefusedError(DeliveryError):
+    """A re-run's partition cannot be judged against what an earlier run committed; nothing of it was sent."""
+
+
 class FatalProducerError(DeliveryError):
     """The producer cannot go on (idempotence or transaction state lost; under exactly_once most often: another
     attempt of the partition fenced this one). The task fails; what was acknowledged is checkpointed."""

@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
+
 from recoverable_sink._logging import get_logger
 from recoverable_sink.attempt_log import attempt_name
 from recoverable_sink.contract import SinkCommitMessage
-from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
+from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError, RerunRefusedError
+from recoverable_sink.identity import record_digests
+from recoverable_sink.marker import Marker
 from recoverable_sink.producer import SinkProducer
-from recoverable_sink.transactions import PartitionTransaction
+from recoverable_sink.records import normalise
+from recoverable_sink.transactions import PartitionTransaction, read_markers, transactional_id
 from recoverable_sink.wal import AttemptInfo
 from recoverable_sink.writer import AtLeastOnceWriter, Phase, final_wait_s
 
@@ -28,23 +33,37 @@ log = get_logger("task")
 class ExactlyOnceWriter(AtLeastOnceWriter):
     """One partition attempt in one transaction (see the module's docstring)."""
 
+    FINGERPRINT_WITHOUT_WAL = True  # the marker carries the input's fingerprint even with the WAL off
+
     txn: PartitionTransaction
     committed: list[AttemptInfo]  # the earlier attempts whose committed transactions hold records
+    found: Marker | None  # this write's marker for the partition, as open() found it
 
     def _open_producer(self) -> SinkProducer:
         self.committed = []
+        run = self.ident.extra.get("run")
         self.txn = PartitionTransaction(self.options, self.ident.write_id, self.ident.partition, self.where,
-                                        self.ident.transaction_scope)
-        self._marker_found = self.txn.open(self.plan.topic_option)
+                                        self.ident.transaction_scope, run if isinstance(run, str) else None)
+        self.found = self.txn.open(self.plan.topic_option)
         assert self.txn.producer is not None
         return self.txn.producer
 
     def _recover(self) -> Phase:
-        """Without a marker, nothing earlier counts. With one, resume from the committed attempts if this WAL holds
-        the digests of every one the marker names: send whatever of the recomputed partition they lack (nothing,
-        unless an earlier input was cut short). Otherwise skip the partition and check its count at the end."""
-        if not self._marker_found:
+        """Without a marker, nothing of this run counts; a re-run takes from what earlier runs committed (in any
+        partition) on this host. With a marker of this run, resume from the committed attempts if this WAL holds
+        the digests of every one it names: send whatever of the recomputed partition they lack (nothing, unless an
+        earlier input was cut short); otherwise skip the partition and check its fingerprint at the end. With an
+        earlier run's marker, judge the partition by content (see :meth:`_rerun`)."""
+        marker = self.found
+        if marker is None:
+            committed = self._earlier_committed(None)
+            if committed:
+                self.earlier = self.log.earlier_runs(self.ident, committed, all_acknowledged=True)
+                log.info("%s: a re-run of write %s: %d records that earlier runs committed on this host, in any "
+                         "partition, are not sent again", self.where, self.ident.write_id, self.earlier.records)
             return Phase.WRITING
+        if marker.run is not None and marker.run != self.txn.run:
+            return self._rerun(marker)
         names = self.txn.committed_attempts
         by_name = {attempt_name(p.key): p for p in self.log.priors}
         if not names or any(n not in by_name for n in names):
@@ -59,6 +78,49 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         self.committed, self.delivered = committed, delivered
         self.txn.begin()
         return Phase.WRITING
+
+    def _rerun(self, marker: Marker) -> Phase:
+        """A re-run whose partition an earlier run committed. The rows may have been split otherwise this time, so
+        the partition is judged by content: where this host's WAL holds the digests of everything the earlier runs
+        committed that it knows of, send what none of them committed (under claims shared with the run's other
+        partitions); otherwise skip it, and at the end the input's fingerprint must be the committed one's, or the
+        task fails without having sent anything."""
+        committed = self._earlier_committed(marker)
+        by_name = {attempt_name(a.key): a for a in committed}
+        own = [by_name[n] for n in marker.attempts or () if n in by_name]
+        proven = self.log.delivered(own, all_acknowledged=True)
+        if marker.attempts is None or len(own) != len(marker.attempts) or \
+                sum(proven.acked.values()) != marker.records:
+            log.info("%s: run %s committed this partition and this host's WAL lacks its digests: the partition is "
+                     "skipped if its input is the one committed (same fingerprint)", self.where, marker.run)
+            return Phase.SKIPPING
+        self.committed = own
+        self.earlier = self.log.earlier_runs(self.ident, committed, all_acknowledged=True)
+        log.info("%s: a re-run of write %s whose partition run %s committed: %d records that earlier runs committed "
+                 "on this host, in any partition, are not sent again", self.where, self.ident.write_id, marker.run,
+                 self.earlier.records)
+        self.txn.begin()
+        return Phase.WRITING
+
+    def _earlier_committed(self, own: Marker | None) -> list[AttemptInfo]:
+        """The attempts of earlier runs of this write, in any partition, left in this WAL, whose transactions
+        committed: the ones their partition's marker names (one marker read per partition found here)."""
+        attempts = self.log.earlier_attempts(self.ident)
+        if not attempts:
+            return []
+        by_name = {attempt_name(a.key): a for a in attempts}
+        committed: dict[str, AttemptInfo] = {}
+        for partition in sorted({a.partition for a in attempts} | ({self.ident.partition} if own else set())):
+            if partition == self.ident.partition:
+                markers = [own] if own is not None else []
+            else:
+                group = transactional_id(self.options, self.ident.transaction_scope, partition)
+                markers = read_markers(self.options, group, self.txn.fail)
+            topic = self.plan.topic_option
+            for m in markers:
+                if m.write_id == self.ident.write_id and (topic is None or (m.topic or topic) == topic):
+                    committed.update({n: by_name[n] for n in m.attempts or () if n in by_name})
+        return list(committed.values())
 
     def _begun(self) -> None:
         """Nothing more: the transaction fences every earlier attempt, and the marker says what they committed."""
@@ -93,16 +155,16 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             if self.log.key is not None:
                 names.append(attempt_name(self.log.key))
             self.txn.commit(self.marker_topic, self.txn.committed_records + tracker.acked,
-                            final_wait_s(self.options), names, self.log.path)
+                            final_wait_s(self.options), names, self.log.path, self.fingerprint)
             self.txn.close()
             sent = True
         else:
             self.txn.abort()  # nothing was sent: no transaction, no new marker
             sent = False
-        if holders:
+        if holders or self.earlier:
             message.committed_before = True
-            log.info("%s: earlier attempts committed %d records of this partition; this one sent the %d they "
-                     "lacked%s", self.where, self.txn.committed_records, tracker.acked,
+            log.info("%s: earlier transactions committed %d records of this partition's input; this one sent the "
+                     "%d they lacked%s", self.where, message.skipped, tracker.acked,
                      f" ({message.diverged} committed earlier are no longer in the input)" if message.diverged else "")
         if self.log.key is None:
             return
@@ -113,31 +175,53 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         else:
             self.log.purge([self.log.key, *dropped])
 
+    def write(self, raw: pa.RecordBatch) -> None:
+        if self.phase is Phase.SKIPPING and raw.num_rows:
+            # Only counted, and fingerprinted: the end checks it is the input the marker's transactions committed.
+            self.fingerprint.add(record_digests(normalise(raw, self.plan), self.plan.topic_option, self.cluster_id))
+        super().write(raw)
+
     def _commit_skipped(self) -> SinkCommitMessage:
-        """An earlier attempt's transaction holds the partition: nothing was sent. Its count must match the input,
-        or part of the partition would be lost."""
+        """An earlier transaction holds the partition: nothing was sent. Its input must be the one committed (the
+        marker's fingerprint; its count, for a marker without one), or part of the partition would be lost or
+        repeated."""
         self.txn.close()
-        marker = self.txn.marker or {}
-        committed = marker.get("records")
-        if isinstance(committed, int) and committed != self.position:
+        marker = self.txn.marker
+        assert marker is not None
+        if marker.fingerprint is not None and marker.fingerprint != self.fingerprint:
+            self._refuse_changed(marker)
+        if marker.fingerprint is None and marker.records != self.position:
             # Seen in the fault campaign: a task reading a shuffle whose upstream fetch failed saw its input end
             # early, committed that part, and only then failed in the JVM. Skipping the partition would lose the
             # rest, and without per-record proof this attempt cannot tell which records those are.
-            proof = (f"; the digests that tell which records those are stay in WAL {marker.get('wal')} on host "
-                     f"{marker.get('host')}, and a retry there sends exactly the rest") if marker.get("wal") else ""
-            here = f"this host's WAL {self.log.path} lacks their digests" if self.log.path else "the WAL is disabled"
-            raise DeliveryError(
-                f"{self.where}: earlier attempts committed {committed} records of this partition in their "
-                f"transactions, but the partition now has {self.position}: an earlier input was cut short "
-                f"(an upstream failure, e.g. a shuffle fetch) or the input changed, and {here}{proof}. Not "
-                "skipping the partition, which could lose records, nor re-sending it, which could repeat them: re-run "
-                "the write with the same wal.writeId where that WAL is, or under a new wal.writeId (Kafka then holds "
-                "the committed records twice)")
-        self.log.purge([p.key for p in self.log.priors])  # whatever they logged is in Kafka
+            self._refuse_changed(marker)
+        if marker.run is None or marker.run == self.txn.run:
+            # A retry in the run that committed: whatever its earlier attempts logged is in Kafka. An earlier run's
+            # logs stay, as proof for the partitions of this re-run that take from them.
+            self.log.purge([p.key for p in self.log.priors])
         self.message.received = self.position
         self.message.committed_before = True
         self.message.seconds = time.monotonic() - self.started
         return self.message
+
+    def _refuse_changed(self, marker: Marker) -> None:
+        proof = (f"; the digests that tell which records those are stay in WAL {marker.wal} on host "
+                 f"{marker.host}, and a re-run whose tasks run there sends exactly the rest") if marker.wal else ""
+        here = f"this host's WAL {self.log.path} lacks their digests" if self.log.path else "the WAL is disabled"
+        if marker.run is not None and marker.run != self.txn.run:
+            cause = ("this re-run split the write's rows into other partitions than the run that committed it "
+                     "(another spark.sql.shuffle.partitions, cluster size, AQE or repartition()), or its source "
+                     "changed")
+        else:
+            cause = "an earlier input was cut short (an upstream failure, e.g. a shuffle fetch) or the input changed"
+        raise RerunRefusedError(
+            f"{self.where}: earlier transactions committed {marker.records} records of this partition "
+            f"(fingerprint {marker.fingerprint.encode() if marker.fingerprint else 'not recorded'}), but the "
+            f"partition now holds {self.position} (fingerprint {self.fingerprint.encode()}): {cause}, and {here}"
+            f"{proof}. Nothing of this partition was sent: skipping it could lose records and re-sending it could "
+            "repeat them. Re-run the write with the same wal.writeId and the partitioning of the run that "
+            "committed, or where that WAL is; or under a new wal.writeId (Kafka then holds the committed records "
+            "twice)")
 
     def _waits_on_abort(self) -> bool:
         return False  # the transaction is aborted whatever was acknowledged

@@ -11,6 +11,7 @@ acknowledged.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import Counter
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -226,3 +227,51 @@ class DeliveredSet:
     def left_over(self) -> int:
         """Acknowledged records no recomputed record matched: the input changed between attempts."""
         return sum(n for n in self.acked.values() if n > 0)
+
+
+class Fingerprint:
+    """An order-independent summary of a multiset of records: how many, and the sum of their digests modulo
+    2**128 (a sum, not an XOR, so a record present twice does not cancel out). Two partitions with equal
+    fingerprints hold the same records, whatever order a shuffle delivered them in; a re-run uses it to tell
+    a partition that an earlier run committed from one that now holds other rows. Adds may come from the task's
+    thread and the WAL's hashing thread: a lock keeps the sum whole."""
+
+    def __init__(self, count: int = 0, total: int = 0) -> None:
+        self.count = count
+        self.total = total
+        self._lock = threading.Lock()
+
+    def add(self, digests: bytes) -> None:
+        n = len(digests) // DIGEST_SIZE
+        if not n:
+            return
+        # Four 32-bit limbs summed in 64 bits cannot overflow below 2**32 records per call.
+        limbs = np.frombuffer(digests, dtype="<u4").reshape(n, 4).sum(axis=0, dtype=np.uint64)
+        added = sum(int(limb) << (32 * i) for i, limb in enumerate(limbs))
+        with self._lock:
+            self.count += n
+            self.total = (self.total + added) & _SUM_MASK
+
+    def encode(self) -> str:
+        """``<count>:<sum as 32 hex digits>``, as attempt metadata and commit markers carry it."""
+        return f"{self.count}:{self.total:032x}"
+
+    @classmethod
+    def decode(cls, text: object) -> Fingerprint | None:
+        """The fingerprint in ``text``, or None where there is none (a marker or an attempt written before)."""
+        if not isinstance(text, str) or ":" not in text:
+            return None
+        count, total = text.split(":", 1)
+        return cls(int(count), int(total, 16))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Fingerprint) and (self.count, self.total) == (other.count, other.total)
+
+    def __hash__(self) -> int:
+        return hash((self.count, self.total))
+
+    def __repr__(self) -> str:
+        return f"Fingerprint({self.encode()})"
+
+
+_SUM_MASK = (1 << 128) - 1

@@ -9,14 +9,17 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+from recoverable_sink._logging import get_logger
 from recoverable_sink.delivery import delivery_timeout_s, wait_for_acks
 from recoverable_sink.errors import DeliveryError, RecoverableSinkError
 from recoverable_sink.identity import split
-from recoverable_sink.options import parse_options
+from recoverable_sink.options import client_config, parse_options
 from recoverable_sink.pool import producers
 from recoverable_sink.producer import SinkProducer
 from recoverable_sink.tracker import DeliveryTracker
 from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal
+
+log = get_logger("replay")
 
 ProgressFn = Callable[[int, int], None]  # (records done, records in all) of one partition
 
@@ -47,11 +50,51 @@ class NotFullyLogged(RecoverableSinkError):
     """A partition's input never fully reached this WAL; replaying it would leave a hole."""
 
 
+class OtherCluster(RecoverableSinkError):
+    """The brokers named are not the cluster the write was sent to."""
+
+
+def cluster_id_of(kafka: dict[str, str], timeout_s: float = 30.0) -> str:
+    """The id of the cluster that ``kafka``'s bootstrap servers belong to."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    options = parse_options(kafka)
+    try:
+        cluster_id = AdminClient(client_config(options)).list_topics(timeout=timeout_s).cluster_id
+    except KafkaException as exc:
+        raise DeliveryError(f"replay: the brokers {options.bootstrap_servers} did not answer: "
+                            f"{options.scrub(str(exc))}") from None
+    if not cluster_id:
+        raise DeliveryError(f"replay: the brokers {options.bootstrap_servers} reported no cluster id")
+    return str(cluster_id)
+
+
+def check_cluster(write_id: str, attempts: list[AttemptInfo], target: str, allow_other: bool) -> bool:
+    """Whether the replay may record what it sends as delivered: only towards the cluster the write's attempts
+    were sent to, since their proof of delivery is that cluster's. Another cluster is refused (naming both ids)
+    unless ``allow_other``; then records are sent there but nothing is recorded, so that a re-run against the
+    write's own cluster still sends them."""
+    written = sorted({str(a.extra["cluster_id"]) for a in attempts if a.extra.get("cluster_id")})
+    if not written or written == [target]:
+        return True
+    if not allow_other:
+        raise OtherCluster(
+            f"write {write_id} was sent to Kafka cluster {', '.join(written)}, but the brokers named are cluster "
+            f"{target}: replaying there would mark records delivered that the write's cluster never got. Name that "
+            "cluster's brokers, or pass --allow-other-cluster to copy the records there without counting them as "
+            "delivered (a re-run against the write's own cluster still sends them)")
+    log.warning("write %s was sent to Kafka cluster %s; replaying to cluster %s as asked (--allow-other-cluster): "
+                "nothing is recorded as delivered", write_id, ", ".join(written), target)
+    return False
+
+
 def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str],
                      producer: SinkProducer | None = None,
-                     progress: ProgressFn | None = None) -> ReplayCounts:
+                     progress: ProgressFn | None = None, record: bool = True) -> ReplayCounts:
     """Finish one partition from the newest attempt that logged its whole input: send what that attempt logged
-    and no attempt got acknowledged (later attempts' acknowledgements count too, by record digest)."""
+    and no attempt got acknowledged (later attempts' acknowledgements count too, by record digest). Without
+    ``record`` (another cluster than the write's) nothing is recorded in the WAL."""
     chosen = next((i for i in range(len(attempts) - 1, -1, -1) if attempts[i].state in (LOGGED, DONE)), None)
     if chosen is None:
         a = attempts[-1]
@@ -92,28 +135,36 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         counts.sent += sent
         counts.already_delivered += seg.count - sent
         wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)
-        wal.save_acks(attempt.key, tracker.take_dirty())
+        dirty = tracker.take_dirty()
+        if record:
+            wal.save_acks(attempt.key, dirty)
         if progress is not None:
             progress(counts.records, total)
     if tracker.failed or tracker.outstanding:
         raise DeliveryError(f"replay of partition {attempt.partition} of write {attempt.write_id}: "
                             f"{options.scrub(tracker.first_error() or 'records unacknowledged')}; "
                             "the WAL keeps them, run replay again")
-    wal.finish(attempt.key, [a.key for a in attempts if a.key != attempt.key])
+    if record:
+        wal.finish(attempt.key, [a.key for a in attempts if a.key != attempt.key])
     return counts
 
 
 def replay_write(wal: Wal, write_id: str, attempts: list[AttemptInfo], kafka: dict[str, str],
                  expected_partitions: int | None = None,
                  progress: Callable[[int], ProgressFn | None] | None = None,
-                 on_partition: Callable[[int, ReplayCounts], None] | None = None) -> ReplayResult:
+                 on_partition: Callable[[int, ReplayCounts], None] | None = None,
+                 target_cluster: str | None = None, allow_other_cluster: bool = False) -> ReplayResult:
     """Replay every partition of ``write_id`` whose attempts (``attempts``, all of this write in ``wal``) are
     here, in partition order. A partition that cannot be finished safely is refused, not raised; with
     ``expected_partitions`` (the write's partition count) those missing here are refused too.
 
     ``kafka``: the write's ``kafka.*`` options. ``progress(partition)`` gives the progress callback of a
     partition; ``on_partition(partition, counts)`` is told each partition replayed. A failed delivery raises
-    :class:`DeliveryError` (the WAL keeps what was not acknowledged)."""
+    :class:`DeliveryError` (the WAL keeps what was not acknowledged). ``target_cluster``: the id of the cluster
+    the brokers belong to (asked of them when None); another cluster than the write's is refused before anything
+    is sent (:class:`OtherCluster`) unless ``allow_other_cluster``."""
+    record = check_cluster(write_id, attempts, target_cluster or cluster_id_of(kafka), allow_other_cluster) \
+        if attempts else True
     by_partition: dict[int, list[AttemptInfo]] = defaultdict(list)
     for a in attempts:
         by_partition[a.partition].append(a)
@@ -121,7 +172,7 @@ def replay_write(wal: Wal, write_id: str, attempts: list[AttemptInfo], kafka: di
     for partition in sorted(by_partition):
         try:
             counts = replay_partition(wal, by_partition[partition], kafka,
-                                      progress=progress(partition) if progress is not None else None)
+                                      progress=progress(partition) if progress is not None else None, record=record)
         except NotFullyLogged as exc:
             result.refused.append(str(exc))
             continue

@@ -9,14 +9,13 @@ and sends nothing twice. That proof is released when a later micro-batch of the 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
-from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, stream_write_id
+from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id, stream_write_id
 from recoverable_sink.errors import RecoverableSinkError, sentence_first
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.records import SchemaPlan
@@ -42,7 +41,7 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
         self.plan = plan
         self.cluster_id = cluster_id
         # One run of this micro-batch (this driver-side writer, one SparkContext): its tasks' attempt ids are ordered.
-        self.run_id = uuid.uuid4().hex
+        self.run_id = new_run_id()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         with sentence_first():

@@ -26,17 +26,19 @@ changed), it sends the rest where this host's WAL has the committed attempts' di
 
 from __future__ import annotations
 
-import json
-import socket
 import threading
 import time
+from collections.abc import Callable
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
+from recoverable_sink.contract import later_run, stream_batch_of
 from recoverable_sink.delivery import delivery_timeout_s
-from recoverable_sink.errors import DeliveryError, transaction_problem
+from recoverable_sink.errors import DeliveryError, StaleAttemptError, transaction_problem
+from recoverable_sink.identity import Fingerprint
+from recoverable_sink.marker import Marker
 from recoverable_sink.options import SinkOptions, client_config, short_lived
 from recoverable_sink.pool import new_producer
 from recoverable_sink.producer import SinkProducer
@@ -100,21 +102,22 @@ class PartitionTransaction:
     the WAL; a re-run sends them under the same id)."""
 
     def __init__(self, options: SinkOptions, write_id: str, partition: int, where: str,
-                 scope: str | None = None) -> None:
+                 scope: str | None = None, run: str | None = None) -> None:
         self.options = options
         self.write_id = write_id
         self.partition = partition
         self.where = where
+        self.run = run
         self.txn_id = transactional_id(options, scope or write_id, partition)
         # A query's micro-batches share the id and marker group: the group then holds one marker per topic it was
         # ever committed for, and only one naming this write counts.
         self.shared = scope is not None and scope != write_id
         self.producer: SinkProducer | None = None
         self.in_transaction = False
-        self.marker: dict | None = None  # the committed marker open() found, if any
+        self.marker: Marker | None = None  # the committed marker of this write open() found, if any
         self.first_send: float | None = None  # when the open transaction got its first record (the brokers' clock)
 
-    def _fail(self, exc: KafkaException, what: str) -> DeliveryError:
+    def fail(self, exc: KafkaException, what: str) -> DeliveryError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         text = transaction_problem(err, what, self.txn_id) if err is not None else f"{what} failed: {exc}"
         timed_out = self.timed_out()
@@ -133,11 +136,14 @@ class PartitionTransaction:
                 "the brokers aborted it on timeout; raise kafka.transaction.timeout.ms (up to the brokers' "
                 "transaction.max.timeout.ms) or write smaller partitions (more of them). ")
 
-    def open(self, topic: str | None) -> bool:
-        """Fence earlier attempts; True if the partition's transaction was already committed (send nothing).
+    def open(self, topic: str | None) -> Marker | None:
+        """Fence earlier attempts; return the marker of this write if one of its transactions already committed
+        the partition (no transaction is open then), else None with a transaction open.
 
         With a ``topic`` option, a marker counts only for that topic: a streaming query restarted from its
-        checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once."""
+        checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once. A
+        marker of a later micro-batch of the query, or of a newer run of the write, makes this attempt stand down
+        (:class:`StaleAttemptError`): it is a zombie, and whatever it sent would repeat records."""
         conf = short_lived({**self.options.producer_config(), "transactional.id": self.txn_id})
         try:
             self.producer = new_producer(conf, self.options.native_producer, client_config(self.options))
@@ -154,32 +160,49 @@ class PartitionTransaction:
             # A producer left to the garbage collector would go on asking for a producer id, and once the
             # coordinator answered it would fence the next attempt under the same transactional.id.
             self.close()
-            raise self._fail(exc, "init_transactions") from None
+            raise self.fail(exc, "init_transactions") from None
         try:
             markers = self.read_markers()
+            self._stand_down_if_superseded(markers)
         except BaseException:
             self.close()
             raise
         # A marker without a write id (never written so) counts only in a group of this write's own.
-        mine = [m for m in markers if m.get("write_id", None if self.shared else self.write_id) == self.write_id]
-        marker = next((m for m in mine if topic is None or m.get("topic", topic) == topic), None)
+        mine = [m for m in markers if (m.write_id or (None if self.shared else self.write_id)) == self.write_id]
+        marker = next((m for m in mine if topic is None or (m.topic or topic) == topic), None)
         if marker is None and mine:
             log.info("%s: committed earlier to topic %s, now writing to %s: sending again", self.where,
-                     mine[0].get("topic"), topic)
+                     mine[0].topic, topic)
         if marker is not None:
-            log.info("%s: an earlier attempt committed this partition in Kafka (%s)", self.where,
+            log.info("%s: a transaction of this write already committed this partition in Kafka (%s)", self.where,
                      marker)
             self.marker = marker
-            return True
+            return marker
         self.begin()
-        return False
+        return None
+
+    def _stand_down_if_superseded(self, markers: list[Marker]) -> None:
+        batch = stream_batch_of(self.write_id) if self.shared else None
+        for m in markers:
+            if batch is not None and m.batch is not None and m.batch > batch:
+                raise StaleAttemptError(
+                    f"{self.where}: partition {self.partition}'s commit marker ({self.txn_id}) names micro-batch "
+                    f"{m.batch} of this query, later than this micro-batch {batch}: this task belongs to a driver "
+                    "the query has moved past (a zombie, such as a frozen driver resumed after another took over "
+                    "the checkpoint). It stands down without sending anything; stop that driver")
+            if m.write_id == self.write_id and later_run(m.run, self.run):
+                raise StaleAttemptError(
+                    f"{self.where}: a newer run of write {self.write_id} (run {m.run}, this one is {self.run}) "
+                    f"already committed partition {self.partition}: this task belongs to a run that was "
+                    "superseded (a zombie driver or a task that started late). It stands down without sending "
+                    "anything")
 
     def begin(self) -> None:
         assert self.producer is not None
         try:
             self.producer.begin_transaction()
         except KafkaException as exc:
-            raise self._fail(exc, "begin_transaction") from None
+            raise self.fail(exc, "begin_transaction") from None
         self.in_transaction = True
         self.first_send = None
 
@@ -191,45 +214,32 @@ class PartitionTransaction:
     @property
     def committed_records(self) -> int:
         """Records the committed transactions of this partition hold in all (0 without a marker)."""
-        records = (self.marker or {}).get("records", 0)
-        return records if isinstance(records, int) else 0
+        return self.marker.records if self.marker is not None else 0
 
     @property
-    def committed_attempts(self) -> list[str] | None:
-        """The WAL attempt keys whose transactions hold the partition (None: a marker without them)."""
-        attempts = (self.marker or {}).get("attempts")
-        return [str(a) for a in attempts] if isinstance(attempts, list) else None
+    def committed_attempts(self) -> tuple[str, ...] | None:
+        """The WAL attempt names whose transactions hold the partition (None: a marker without them)."""
+        return self.marker.attempts if self.marker is not None else None
 
-    def read_markers(self) -> list[dict]:
+    def read_markers(self) -> list[Marker]:
         """The markers committed in this partition's group (one per topic a marker was committed for)."""
-        try:
-            offsets = group_offsets(_admin(self.options), self.txn_id, _init_timeout_s(self.options))
-        except KafkaException as exc:
-            raise self._fail(exc, "reading the commit marker") from None
-        markers = []
-        for tp in offsets:
-            if tp.offset >= 0:
-                try:
-                    markers.append(json.loads(tp.metadata or "{}"))
-                except ValueError:
-                    markers.append({"offset": tp.offset})
-        return markers
+        return read_markers(self.options, self.txn_id, self.fail)
 
     def commit(self, marker_topic: str, records: int, timeout_s: float, attempts: list[str],
-               wal: str | None) -> None:
+               wal: str | None, fingerprint: Fingerprint | None) -> None:
         """Commit the data with the marker (one transaction); the producer has delivered every record.
         ``records`` and ``attempts`` count every committed transaction of the partition, this one included;
-        ``wal`` is where the attempts' digests are (named in a retry's error when it runs elsewhere)."""
+        ``wal`` is where the attempts' digests are (named in a retry's error when it runs elsewhere);
+        ``fingerprint`` is this attempt's whole input's."""
         assert self.producer is not None
-        metadata = json.dumps({"write_id": self.write_id, "partition": self.partition, "topic": marker_topic,
-                               "records": records, "attempts": attempts, "host": socket.gethostname(),
-                               "wal": wal, "committed_at": round(time.time(), 3)})
+        metadata = Marker(write_id=self.write_id, partition=self.partition, topic=marker_topic, records=records,
+                          attempts=tuple(attempts), run=self.run, fingerprint=fingerprint, wal=wal).encode()
         try:
             self.producer.send_marker(self.txn_id, marker_topic, 0, records, metadata, 60)
             self.producer.commit_transaction(timeout_s)
             self.in_transaction = False
         except KafkaException as exc:
-            raise self._fail(exc, "committing the transaction") from None
+            raise self.fail(exc, "committing the transaction") from None
 
     def abort(self) -> None:
         """Best effort: abort the open transaction (a later init_transactions would abort it anyway)."""
@@ -273,6 +283,18 @@ def group_offsets(admin: AdminClient, group: str, timeout_s: float,
             if not (err.retriable() and time.monotonic() < deadline):
                 raise
             time.sleep(0.2)
+
+
+def read_markers(options: SinkOptions, group: str,
+                 fail: Callable[[KafkaException, str], Exception] | None = None) -> list[Marker]:
+    """The markers committed in one marker group (one per topic a marker was committed for)."""
+    try:
+        offsets = group_offsets(_admin(options), group, _init_timeout_s(options))
+    except KafkaException as exc:
+        if fail is None:
+            raise
+        raise fail(exc, "reading the commit marker") from None
+    return [Marker.parse(tp.metadata) for tp in offsets if tp.offset >= 0]
 
 
 def delete_markers(options: SinkOptions, groups: list[str]) -> int:

@@ -36,11 +36,12 @@ from recoverable_sink.attempt_log import Acks, NoLog, open_log
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.delivery import delivery_timeout_s, serve, wait_for_acks
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
-from recoverable_sink.identity import DeliveredSet, record_digests, split
+from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, split
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.pool import producers
 from recoverable_sink.producer import SinkProducer
 from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
+from recoverable_sink.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.tracker import DeliveryTracker
 
 log = get_logger("task")
@@ -122,6 +123,9 @@ class AtLeastOnceWriter:
     and Arrow release the GIL); batch k+1 is produced only after its own commit returned, and once a WAL
     write failed no later batch enters the log."""
 
+    # Whether the input's fingerprint is wanted when no WAL store hashes the records (exactly_once's markers).
+    FINGERPRINT_WITHOUT_WAL = False
+
     def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
                  faults: FaultPlan | None = None, producer: SinkProducer | None = None) -> None:
         self.options = options
@@ -135,7 +139,11 @@ class AtLeastOnceWriter:
         self.max_message, self.max_message_name = _size_limit(options)
         self.tracker = DeliveryTracker()
         self.log: NoLog = NoLog()
-        self.delivered = DeliveredSet()  # what earlier attempts got acknowledged: skipped when met again
+        self.delivered = DeliveredSet()  # what earlier attempts of this run got acknowledged: skipped when met again
+        # What earlier runs of the write delivered on this host, in any partition: a re-run's partitions may hold
+        # other rows than the failed run's partitions of the same number.
+        self.earlier: EarlierRuns | NoEarlierRuns = NoEarlierRuns()
+        self.fingerprint = Fingerprint()  # of the whole input, skipped records included
         self.marker_topic = plan.topic_option
         self.position = 0  # records read from Spark
         self.logged = 0  # records handed to the WAL (the ones this attempt must send)
@@ -180,7 +188,13 @@ class AtLeastOnceWriter:
         """Skip what Kafka acknowledged to the earlier attempts this host logged, once none of them still sends."""
         try:
             self.log.settle_priors(self.ident, final_wait_s(self.options))
-            self.delivered = self.log.delivered(self.log.priors)
+            earlier = self.log.earlier_attempts(self.ident)
+            if earlier:
+                self.earlier = self.log.earlier_runs(self.ident, earlier, all_acknowledged=False)
+                log.info("%s: a re-run of write %s: %d records that earlier runs delivered on this host, in any "
+                         "partition, are not sent again", self.where, self.ident.write_id, self.earlier.records)
+            ours = {a.key for a in earlier}
+            self.delivered = self.log.delivered([p for p in self.log.priors if p.key not in ours])
         except BaseException:
             self.log.drop()  # nothing logged under it: no retry is to wait for this attempt
             raise
@@ -207,22 +221,34 @@ class AtLeastOnceWriter:
         if self.marker_topic is None:
             self.marker_topic = batch.column("topic")[0].as_py()
         digests: bytes | None = None  # hashed beside the WAL store, unless needed here to match a retry's input
-        if self.delivered:
+        if self.delivered or self.earlier or (self.log.key is None and self.FINGERPRINT_WITHOUT_WAL):
             digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
-            match = self.delivered.take(split(digests))
-            self.message.replayed += match.replayed
-            sent = [not s for s in match.skip]
-            if not all(sent):
-                self.message.skipped += batch.num_rows - sum(sent)
-                batch = batch.filter(pa.array(sent))
-                digests = b"".join(d for d, keep in zip(split(digests), sent, strict=True) if keep)
+            self.fingerprint.add(digests)
+            if self.delivered or self.earlier:
+                sent = self._not_delivered(split(digests))
+                if not all(sent):
+                    self.message.skipped += batch.num_rows - sum(sent)
+                    batch = batch.filter(pa.array(sent))
+                    digests = b"".join(d for d, keep in zip(split(digests), sent, strict=True) if keep)
         if batch.num_rows == 0:
             return
-        stored = self.log.store(batch, self.logged, digests, self._dirty(), self.plan.topic_option, self.cluster_id)
+        stored = self.log.store(batch, self.logged, digests, self._dirty(), self.plan.topic_option, self.cluster_id,
+                                self.fingerprint)
         if self._pending is not None:
             self._produce(self._pending)
         self._pending = _Pending(batch, self.logged, stored)
         self.logged += batch.num_rows
+
+    def _not_delivered(self, digests: list[bytes]) -> list[bool]:
+        """Per record, whether it must be sent: neither an earlier attempt of this run nor, on a re-run, an
+        earlier run got it acknowledged."""
+        match = self.delivered.take(digests)
+        self.message.replayed += match.replayed
+        skip = match.skip
+        if self.earlier:
+            more = iter(self.earlier.take([d for d, s in zip(digests, skip, strict=True) if not s]))
+            skip = [s or next(more) for s in skip]
+        return [not s for s in skip]
 
     def checkpoint(self, wait_s: float, sync: bool = True) -> None:
         """Hand every written batch to the producer, wait up to ``wait_s`` for Kafka's acknowledgements and

@@ -9,6 +9,9 @@ Layout (one key space, prefix-scanned; ``A`` is an attempt's path ``<write id>/<
                    their Arrow IPC bytes; a CRC32 covers both
     a/A/<seq>      that segment's acknowledgement bitmap (one byte per record), with a CRC32
     u              bytes of payload held by all segments: the quantity ``wal.maxBytes`` bounds
+    k/W/R/<digest> a re-run's claims on an earlier run's proof of delivery: for run ``R`` of write ``W``, how many
+                   acknowledged copies of one record each partition counted as already delivered (pairs of
+                   little-endian u32 partition, u32 count), so that two partitions never both skip one copy
 
 Every append is one transaction committed with fsync (``sync=True``) and carries the acknowledgement
 bitmaps that changed since the previous one. A segment whose records are all acknowledged is rewritten as
@@ -39,7 +42,7 @@ from recoverable_sink.identity import DIGEST_SIZE
 
 OPEN, LOGGED, DONE = "open", "logged", "done"
 
-META, SEGMENTS, ACKS = b"m/", b"s/", b"a/"
+META, SEGMENTS, ACKS, CLAIMS = b"m/", b"s/", b"a/", b"k/"
 USAGE_KEY = b"u"
 _SEG_MAGIC = b"RKW2"
 _ACK_MAGIC = b"RKA1"
@@ -100,6 +103,24 @@ def ack_key(prefix: bytes, first: int) -> bytes:
 def ack_key_of(seg_key: bytes) -> bytes:
     """The key of a segment's acknowledgement bitmap."""
     return ACKS + seg_key[2:]
+
+
+def claims_prefix(write_id: str, run: str | None = None) -> bytes:
+    """Where the claims of a write (and of one of its runs) start."""
+    return CLAIMS + write_id.encode() + b"/" + (run.encode() + b"/" if run is not None else b"")
+
+
+def encode_claims(counts: dict[int, int]) -> bytes:
+    return b"".join(_CLAIM.pack(p, n) for p, n in sorted(counts.items()) if n)
+
+
+def decode_claims(value: bytes | None) -> dict[int, int]:
+    if not value:
+        return {}
+    return dict(_CLAIM.iter_unpack(value))
+
+
+_CLAIM = struct.Struct("<II")
 
 
 # ---- segments -------------------------------------------------------------------------------------------

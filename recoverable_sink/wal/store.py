@@ -7,6 +7,7 @@ import json
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,9 +31,12 @@ from recoverable_sink.wal.format import (
     ack_key,
     ack_key_of,
     all_acked,
+    claims_prefix,
     decode_attempt,
+    decode_claims,
     decode_segment,
     encode_acks,
+    encode_claims,
     encode_meta,
     encode_segment,
     meta_key,
@@ -245,6 +249,43 @@ class Wal(Transactions):
 
         self._write(body)
 
+    # ---- re-runs ------------------------------------------------------------------------------------------
+    def claim(self, write_id: str, run: str, partition: int, digests: list[bytes], proven: Counter[bytes],
+              taken: Counter[bytes]) -> list[bool]:
+        """Count records of one batch of ``partition`` as delivered by an earlier run of the write, in one
+        transaction, so that of all partitions of run ``run`` on this host no two count the same acknowledged
+        copy. ``proven`` is the earlier runs' proof (record digest -> acknowledged copies); ``taken``, what this
+        attempt already counted (updated). A partition's own earlier claims in the same run are its to take again:
+        a retry of it recomputes the same input. Returns, per record, whether it is already delivered."""
+        prefix = claims_prefix(write_id, run)
+        result: list[bool] = []
+        counted: Counter[bytes] = Counter()
+
+        def body(txn: lmdb.Transaction) -> None:
+            result.clear()
+            counted.clear()
+            for d in digests:
+                available = proven.get(d, 0)
+                if not available:
+                    result.append(False)
+                    continue
+                key = prefix + d
+                claims = decode_claims(txn.get(key))
+                others = sum(n for p, n in claims.items() if p != partition)
+                mine = taken[d] + counted[d]
+                if mine < available - others:
+                    counted[d] += 1
+                    if claims.get(partition, 0) < mine + 1:
+                        claims[partition] = mine + 1
+                        txn.put(key, encode_claims(claims))
+                    result.append(True)
+                else:
+                    result.append(False)
+
+        self._write(body)
+        taken.update(counted)
+        return result
+
     def purge(self, attempt_keys: list[str]) -> int:
         """Delete attempts (metadata, segments, bitmaps) in one transaction; returns the payload bytes freed."""
         if not attempt_keys:
@@ -263,13 +304,30 @@ class Wal(Transactions):
         """Delete attempts' metadata, segments and bitmaps; returns the payload bytes freed (the caller
         updates the usage counter)."""
         freed = 0
+        writes = set()
         for key in attempt_keys:
             txn.delete(meta_key(key))
+            writes.add(key.split("/", 1)[0])
             for seg_key, ack, value in self._segment_entries(txn, key):
                 freed += payload_len(value)
                 txn.delete(seg_key)
                 txn.delete(ack)
+        for write_id in writes:  # a write's re-run claims go with its last attempt
+            start = meta_key(f"{write_id}/")
+            cursor = txn.cursor()
+            if cursor.set_range(start) and cursor.key().startswith(start):
+                continue
+            self._delete_range(txn, claims_prefix(write_id))
         return freed
+
+    @staticmethod
+    def _delete_range(txn: lmdb.Transaction, prefix: bytes) -> None:
+        cursor = txn.cursor()
+        if not cursor.set_range(prefix):
+            return
+        while cursor.key().startswith(prefix):
+            if not cursor.delete():
+                break
 
     def sweep(self, retention_s: float, now: float | None = None) -> retention.SweepResult:
         """Remove old attempts that hold only proof of delivery (see :func:`retention.sweep`)."""

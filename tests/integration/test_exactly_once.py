@@ -13,6 +13,7 @@ from pyspark.sql import functions as F
 from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError
+from recoverable_sink.identity import Fingerprint
 from recoverable_sink.options import parse_options
 from recoverable_sink.preflight import check_cluster
 from recoverable_sink.records import SchemaPlan
@@ -210,15 +211,16 @@ def test_a_commit_marker_reads_back_whole_whichever_producer_wrote_it(kafka, new
     wal = "/a/wal/path/as/long/as/a/test's/" + "x" * 200  # a marker as long as a real one (heap past it is dirty)
     for write in range(6):  # the missing NUL showed in about one read in ten: six writes catch it most runs
         first = PartitionTransaction(options, f"w{write}", 0, "partition 0")
-        assert first.open(topic) is False
+        assert first.open(topic) is None
         assert isinstance(first.producer, NativeProducer) is (producer == "native")
-        first.commit(topic, 100 + write, 30, [f"attempt-{write}"], wal)
+        fingerprint = Fingerprint(100 + write, 2**127 + write)
+        first.commit(topic, 100 + write, 30, [f"attempt-{write}"], wal, fingerprint)
         retry = PartitionTransaction(options, f"w{write}", 0, "partition 0")
-        assert retry.open(topic) is True  # init_transactions, then the marker read
+        assert retry.open(topic) is not None  # init_transactions, then the marker read
         retry.close()
         assert retry.marker is not None
-        assert (retry.marker["write_id"], retry.marker["records"], retry.marker["attempts"], retry.marker["wal"]) == (
-            f"w{write}", 100 + write, [f"attempt-{write}"], wal)
+        assert (retry.marker.write_id, retry.marker.records, retry.marker.attempts, retry.marker.wal,
+                retry.marker.fingerprint) == (f"w{write}", 100 + write, (f"attempt-{write}",), wal, fingerprint)
 
 
 def test_a_long_stream_keeps_one_transactional_id_and_marker_group_per_partition(spark, kafka, new_topic, tmp_path):
@@ -303,13 +305,14 @@ def test_a_query_partition_whose_batches_went_to_two_topics_finds_its_own_batch_
                              "transactional.id.prefix": "shared-", "wal.path": str(tmp_path / "wal")})
     for batch, topic in ((1, first), (2, second)):
         txn = PartitionTransaction(options, f"q-b{batch}", 0, "partition 0", scope="q")
-        assert txn.open(None) is False
-        txn.commit(topic, 10, 30, [f"attempt-{batch}"], None)
+        assert txn.open(None) is None
+        txn.commit(topic, 10, 30, [f"attempt-{batch}"], None, None)
         txn.close()
     rerun = PartitionTransaction(options, "q-b2", 0, "partition 0", scope="q")
-    assert rerun.open(None) is True  # committed: nothing to send again
+    assert rerun.open(None) is not None  # committed: nothing to send again
     rerun.close()
-    assert (rerun.marker["write_id"], rerun.marker["topic"]) == ("q-b2", second)
+    assert rerun.marker is not None
+    assert (rerun.marker.write_id, rerun.marker.topic) == ("q-b2", second)
     later = PartitionTransaction(options, "q-b3", 0, "partition 0", scope="q")
-    assert later.open(None) is False  # batch 3 is not committed by either marker
+    assert later.open(None) is None  # batch 3 is not committed by either marker
     later.abort()

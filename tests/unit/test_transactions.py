@@ -70,7 +70,7 @@ def test_a_new_transactional_producer_reaches_a_broker_before_init_transactions(
     connected yet, looks again only 500 ms later: each partition's producer is connected first."""
     made = producers(init_fails=False)
     txn = transactions.PartitionTransaction(parse_options(OPTIONS), "w1", 3, "partition 3")
-    assert txn.open("t") is False
+    assert txn.open("t") is None
     assert made[0].calls == ["list_topics", "init_transactions"]
 
 

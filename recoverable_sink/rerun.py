@@ -1,0 +1,99 @@
+"""Re-runs judged by content (executor): what earlier runs of a write delivered, across all of its partitions.
+
+A re-run with the same ``wal.writeId`` (or a micro-batch re-run by a restarted query) may split the same rows into
+other partitions than the run that failed: another cluster size, ``spark.sql.shuffle.partitions``, AQE. So a
+re-run's partition is not judged by what the earlier run's partition of the same number held, but against the
+proof of delivery of every partition of the earlier runs on this host. Partitions of one run take from that proof
+under claims kept in the WAL (:meth:`Wal.claim`): one acknowledged copy of a record is counted by one partition
+only, whichever of them runs first, and a retry of a partition takes its own claims again.
+
+Runs are told apart by the ``run`` in an attempt's identity (one driver-side writer); a run id starts with the
+time its driver made it, so runs of one write are ordered (:func:`later_run`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from recoverable_sink.contract import TaskIdentity, later_run
+from recoverable_sink.errors import StaleAttemptError
+from recoverable_sink.identity import DeliveredSet
+from recoverable_sink.wal import AttemptInfo, Wal
+
+
+def run_of(attempt: AttemptInfo) -> str | None:
+    run = attempt.extra.get("run")
+    return run if isinstance(run, str) else None
+
+
+def earlier_run_attempts(wal: Wal, ident: TaskIdentity, own_key: str | None) -> list[AttemptInfo]:
+    """Attempts of this write, any partition, that another run began (none outside a Spark task, whose identity
+    has no run)."""
+    run = ident.extra.get("run")
+    if not isinstance(run, str):
+        return []
+    return [a for a in wal.attempts(f"{ident.write_id}/") if a.key != own_key and run_of(a) != run
+            and not later_run(run_of(a), run)]
+
+
+class NoEarlierRuns:
+    """Not a re-run (or no log of an earlier run on this host): nothing to take."""
+
+    attempts: list[AttemptInfo] = []
+    records = 0
+    claimed = 0
+
+    def __bool__(self) -> bool:
+        return False
+
+    def take(self, digests: list[bytes]) -> list[bool]:
+        return [False] * len(digests)
+
+
+class EarlierRuns:
+    """The earlier runs' proof of delivery on this host (record digest -> acknowledged copies), taken batch by batch
+    under claims in the WAL."""
+
+    def __init__(self, wal: Wal, ident: TaskIdentity, proven: DeliveredSet, attempts: list[AttemptInfo]) -> None:
+        self.wal = wal
+        self.write_id = ident.write_id
+        self.run = str(ident.extra["run"])
+        self.partition = ident.partition
+        self.proven: Counter[bytes] = proven.acked
+        self.attempts = attempts
+        self.taken: Counter[bytes] = Counter()
+
+    def __bool__(self) -> bool:
+        return bool(self.proven)
+
+    @property
+    def records(self) -> int:
+        """Acknowledged records the earlier runs proved, in all partitions."""
+        return sum(self.proven.values())
+
+    def take(self, digests: list[bytes]) -> list[bool]:
+        """Per record: already delivered by an earlier run (and now counted by this partition)."""
+        if not any(d in self.proven for d in digests):
+            return [False] * len(digests)
+        return self.wal.claim(self.write_id, self.run, self.partition, digests, self.proven, self.taken)
+
+    @property
+    def claimed(self) -> int:
+        return sum(self.taken.values())
+
+
+def refuse_stale_micro_batch(wal: Wal, ident: TaskIdentity) -> None:
+    """Stand down (:class:`StaleAttemptError`) if this host already began a later micro-batch of the query. Spark
+    starts batch N+1 only once batch N is in the query's commit log, so a task of batch N that finds one is a
+    zombie's (a driver that the query moved past), and whatever it sent would repeat records."""
+    query_id, batch = ident.extra.get("query_id"), ident.extra.get("batch_id")
+    if ident.kind != "stream" or not isinstance(query_id, str) or not isinstance(batch, int):
+        return
+    later = sorted({int(str(a.extra["batch_id"])) for a in wal.attempts(f"{query_id}-b")
+                    if a.extra.get("query_id") == query_id and int(str(a.extra.get("batch_id", -1))) > batch})
+    if later:
+        raise StaleAttemptError(
+            f"{ident.where}: this host already ran micro-batch {later[-1]} of query {query_id}, which Spark starts "
+            f"only once micro-batch {batch} is committed: this task belongs to a driver the query has moved past (a "
+            "zombie, such as a frozen driver resumed after another took over the checkpoint). It stands down "
+            "without sending anything; stop that driver")
