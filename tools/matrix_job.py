@@ -1,7 +1,9 @@
 """One cell of ``make matrix``, run by the Python of a fresh virtualenv that holds only pyspark and the
 installed package (no repository on its path): a real write in both delivery modes, and a streaming write (its
 own writer class), whose first attempts' Python workers are SIGKILLed mid-partition, each read back by a plain
-read_committed consumer.
+read_committed consumer. Then, with Spark's Kafka connector (RK_MATRIX_CONNECTOR_JARS, from tools/matrix.py), the
+exactly_once topic read back through ``format("kafka")`` and the same DataFrame written by it; with
+RK_MATRIX_CONNECT=1, a write from a Spark Connect client through a Connect server of this pyspark.
 
     <venv>/bin/python tools/matrix_job.py BOOTSTRAP PREFIX WORKDIR     # prints one JSON line; exit 0 if all held
 """
@@ -10,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 ROWS, PARTITIONS = 20_000, 2
 
@@ -89,18 +94,102 @@ def stream(spark: SparkSession, bootstrap: str, prefix: str, work: str) -> dict[
     return outcome(bootstrap, topic, summary)
 
 
+def kafka_source(spark: SparkSession, df: DataFrame, bootstrap: str, prefix: str) -> dict[str, object]:
+    """Spark's own Kafka connector beside the sink: the exactly_once topic (whose killed attempts' transactions
+    were aborted) read through ``format("kafka")`` with read_committed, then with the connector's default
+    (read_uncommitted, which also shows the aborted records), and the same DataFrame written by
+    ``format("kafka")``, counted by the independent consumer."""
+    version = os.environ["RK_MATRIX_CONNECTOR"]
+    report: dict[str, object] = {"connector": version, "expected": ROWS}
+    try:
+        def read(**options: str) -> tuple[int, int]:
+            rows = (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+                    .option("subscribe", f"{prefix}-exactly_once").options(**options).load()
+                    .selectExpr("CAST(key AS STRING) AS key").collect())
+            return len(rows), len({r["key"] for r in rows})
+
+        committed, distinct = read(**{"kafka.isolation.level": "read_committed"})
+        report |= {"read_committed": committed, "read_committed_distinct": distinct}
+        report["read_uncommitted"] = read()[0]
+        topic = f"{prefix}-format-kafka"
+        new_topic(bootstrap, topic)
+        (df.write.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic).save())
+        report["format_kafka"] = len(set(read_back(bootstrap, topic, ROWS)))
+    except Exception as exc:  # a connector of another version that does not load on this Spark
+        if version == spark.version:  # the connector of this very version: a failure, not a skip
+            return {"connector": version, "error": str(exc).strip()[:500]}
+        reason = f"connector {version} on pyspark {spark.version}: {str(exc).strip().splitlines()[0][:300]}"
+        sys.stderr.write(f"format(kafka) cells skipped: {reason}\n")
+        return {"connector": version, "skipped": reason}
+    return report
+
+
+def kafka_source_held(report: dict[str, object]) -> bool:
+    if "error" in report:
+        return False
+    return "skipped" in report or (report["read_committed"] == report["read_committed_distinct"] == ROWS
+                                   and report["format_kafka"] == ROWS)
+
+
+def connect(bootstrap: str, prefix: str, work: str) -> dict[str, int]:
+    """A Spark Connect server started by this pyspark's spark-submit (the sink installed on it), and a client
+    session writing through it in exactly_once, its first attempts' Python workers killed."""
+    from pyspark import find_spark_home
+    from pyspark.sql import SparkSession
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = os.path.join(work, "connect-server.log")
+    server = subprocess.Popen(
+        [os.path.join(find_spark_home._find_spark_home(), "bin", "spark-submit"), "--master", "local[2,4]",
+         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+         "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+         "--conf", "spark.ui.enabled=false", "--conf", f"spark.pyspark.python={sys.executable}", "spark-internal"],
+        cwd=work, stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while "Spark Connect server started at" not in open(log, errors="replace").read():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Connect server did not start: {open(log).read()[-1500:]}")
+            time.sleep(0.5)
+        topic, summary = f"{prefix}-connect", os.path.join(work, "connect.jsonl")
+        new_topic(bootstrap, topic)
+        client = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+        (client.range(ROWS, numPartitions=PARTITIONS).selectExpr("CAST(id AS STRING) AS key", "'v' AS value")
+         .write.format("recoverable_kafka").mode("append").option("kafka.bootstrap.servers", bootstrap)
+         .option("topic", topic).option("delivery.guarantee", "exactly_once")
+         .option("wal.path", os.path.join(work, "wal-connect")).option("summary.path", summary)
+         .option("_test.killAfterRecords", "3000").save())
+        client.stop()
+        return outcome(bootstrap, topic, summary)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
+
+
 def main() -> int:
     bootstrap, prefix, work = sys.argv[1], sys.argv[2], sys.argv[3]
+    import pandas
+    import pyarrow
     from pyspark.sql import SparkSession
 
     import recoverable_sink
 
-    spark = (SparkSession.builder.master("local[2,4]").appName("matrix")
-             .config("spark.ui.enabled", "false").config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
-             .getOrCreate())
+    # local[2,4]: Spark's default local master retries no task; this one gives each task 4 attempts.
+    builder = (SparkSession.builder.master("local[2,4]").appName("matrix")
+               .config("spark.ui.enabled", "false").config("spark.sql.execution.arrow.maxRecordsPerBatch", "1000"))
+    if os.environ.get("RK_MATRIX_CONNECTOR_JARS"):
+        builder = builder.config("spark.jars", os.environ["RK_MATRIX_CONNECTOR_JARS"])
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     df = spark.range(ROWS, numPartitions=PARTITIONS).selectExpr("CAST(id AS STRING) AS key", "'v' AS value")
     report: dict[str, object] = {"python": sys.version.split()[0], "pyspark": spark.version,
+                                 "pandas": pandas.__version__, "pyarrow": pyarrow.__version__,
                                  "package": os.path.dirname(recoverable_sink.__file__)}
     ok = True
     for mode in ("at_least_once", "exactly_once"):
@@ -115,7 +204,22 @@ def main() -> int:
         ok = ok and held(report[mode])
     report["stream"] = stream(spark, bootstrap, prefix, work)
     ok = ok and held(report["stream"])
+    # The sink's own cells above never need Spark's Kafka connector; these do.
+    if os.environ.get("RK_MATRIX_CONNECTOR_JARS"):
+        report["kafka_source"] = kafka_source(spark, df, bootstrap, prefix)
+    else:
+        reason = os.environ.get("RK_MATRIX_NO_CONNECTOR", "no connector")
+        sys.stderr.write(f"format(kafka) cells skipped: {reason}\n")
+        report["kafka_source"] = {"skipped": reason}
+    ok = ok and kafka_source_held(report["kafka_source"])
     spark.stop()
+    if os.environ.get("RK_MATRIX_CONNECT") == "1":
+        try:
+            report["connect"] = connect(bootstrap, prefix, work)
+            ok = ok and held(report["connect"])
+        except Exception as exc:
+            report["connect"] = {"error": str(exc).strip()[:500]}
+            ok = False
     report["ok"] = ok
     sys.stdout.write(json.dumps(report) + "\n")
     return 0 if ok else 1
