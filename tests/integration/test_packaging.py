@@ -1,8 +1,9 @@
 """Shipping the sink as ``make dist`` builds it: spark-submit with no register call (auto-registration
 through the pyspark_recoverable_kafka module), from the --py-files zip (pure Python: record digests by hashlib,
 confluent-kafka's produce()) and from the x86_64 manylinux abi3 wheel installed, with no compiler, in a fresh
-virtualenv of another Python outside the repository (with the C digest and produce extensions); the aarch64 wheel
-is checked by auditwheel, and the sdist built by the host's C compiler."""
+virtualenv of another Python outside the repository (with the C digest and produce extensions) that already holds
+pyspark 4.3, which the install keeps; the same install keeps a pyspark 4.0; the aarch64 wheel is checked by
+auditwheel, and the sdist built by the host's C compiler."""
 
 import json
 import os
@@ -64,6 +65,38 @@ def other_python() -> str:
     return sys.executable
 
 
+# The pyspark a user already has, installed before the sink: the newest (which the repository's own suite, tied to
+# Spark's Kafka connector 4.2, does not run on) and the oldest supported.
+NEWEST_PYSPARK, OLDEST_PYSPARK = "4.3.0", "4.0.5"
+
+
+def installed(python: Path, *names: str) -> dict[str, str]:
+    code = "import sys; from importlib.metadata import version; print(' '.join(version(n) for n in sys.argv[1:]))"
+    out = subprocess.run([str(python), "-c", code, *names], capture_output=True, text=True, check=True).stdout
+    return dict(zip(names, out.split(), strict=True))
+
+
+def user_venv(python: str, venv: Path, pyspark: str) -> dict[str, str]:
+    """A fresh virtualenv of ``python`` holding ``pyspark`` (installed by pip on its own, as a user's Spark is), and
+    the environment of a user's shell for it: nothing of the repository's (no PYTHONPATH: pip would take a path
+    entry holding the sources for an installed copy and skip the wheel), the PYSPARK_* variables at the venv."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYSPARK_", "VIRTUAL_ENV"))}
+    env |= {"PYSPARK_PYTHON": str(venv / "bin/python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin/python")}
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
+    spark = subprocess.run([str(venv / "bin/pip"), "install", "-q", f"pyspark=={pyspark}"], timeout=900, env=env,
+                           capture_output=True, text=True)
+    assert spark.returncode == 0, spark.stderr[-3000:]
+    return env
+
+
+def install_wheel(venv: Path, wheel: Path, env: dict[str, str]) -> None:
+    """pip install of the wheel alone (its dependencies resolved by pip, from its cache when warm). No compiler for
+    the sink: pip may only take it as a binary, and a compiler it would call does not exist."""
+    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", "--only-binary", "recoverable-sink", str(wheel)],
+                             timeout=900, env=env | {"CC": "/nonexistent/cc"}, capture_output=True, text=True)
+    assert install.returncode == 0, install.stderr[-3000:]
+
+
 def submit(spark_submit: Path, python: Path, tmp_path: Path, kafka, topic: str, *extra: str,
            env: dict[str, str] | None = None) -> dict[str, str]:
     (tmp_path / "app.py").write_text(APP)
@@ -89,32 +122,41 @@ def test_spark_submit_with_py_files_and_no_register_call(kafka, new_topic, tmp_p
 
 
 def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(dist, kafka, new_topic, tmp_path):
-    """pip install of the x86_64 manylinux abi3 wheel alone (its dependencies resolved by pip, from its cache when
-    warm), into another Python than the one that built it, is enough: spark-submit finds format("recoverable_kafka"),
-    and the tasks import the sink, with its C extensions, from that virtualenv."""
+    """pip install of the x86_64 manylinux abi3 wheel alone, into another Python than the one that built it, that
+    already holds pyspark 4.3, keeps that pyspark (the sink caps none of its dependencies) and is enough:
+    spark-submit finds format("recoverable_kafka"), and the tasks import the sink, with its C extensions, from that
+    virtualenv, on pyspark 4.3 and the pandas pip resolved (3.x)."""
     wheel = dist[1]["x86_64"].path
     assert "-cp310-abi3-" in wheel.name and wheel.name.endswith("manylinux_2_17_x86_64.whl"), wheel.name
     python = other_python()
-    venv = tmp_path / "venv"
-    # Nothing of the repository's: no PYTHONPATH (pip would take a path entry holding the sources for an
-    # installed copy and skip the wheel), and the PYSPARK_* variables point at the new virtualenv.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYSPARK_", "VIRTUAL_ENV"))}
-    env |= {"PYSPARK_PYTHON": str(venv / "bin/python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin/python")}
-    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
-    # No compiler for the sink: pip may only take it as a binary, and a compiler it would call does not exist.
-    install = subprocess.run([str(venv / "bin/pip"), "install", "-q", "--only-binary", "recoverable-sink", str(wheel)],
-                             timeout=900, env=env | {"CC": "/nonexistent/cc"}, capture_output=True, text=True)
-    assert install.returncode == 0, install.stderr[-3000:]
-    out = submit(venv / "bin/spark-submit", venv / "bin/python", tmp_path, kafka, new_topic(), env=env)
-    assert out["task_import"].startswith(str(venv / "lib")), out
     version = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                              capture_output=True, text=True, check=True).stdout.strip()
+    # pyspark 4.3 installs on Python 3.11 and newer; on 3.10 the user's Spark is the oldest supported.
+    pyspark = NEWEST_PYSPARK if tuple(map(int, version.split("."))) >= (3, 11) else OLDEST_PYSPARK
+    venv = tmp_path / "venv"
+    env = user_venv(python, venv, pyspark)
+    install_wheel(venv, wheel, env)
+    versions = installed(venv / "bin/python", "pyspark", "pandas", "recoverable-sink")
+    assert versions["pyspark"] == pyspark, versions
+    if pyspark == NEWEST_PYSPARK:
+        assert int(versions["pandas"].split(".")[0]) >= 3, versions  # pandas 3 is not capped away either
+    out = submit(venv / "bin/spark-submit", venv / "bin/python", tmp_path, kafka, new_topic(), env=env)
+    assert out["task_import"].startswith(str(venv / "lib")), out
     assert out["task_python"] == version, out
     assert out["native_digests"] is True  # the wheel carries the digest extension
     assert out["native_producer"] is True  # and the produce loop, on confluent-kafka's own librdkafka
     cli = subprocess.run([str(venv / "bin/recoverable-kafka-wal"), "list", "--path", str(tmp_path / "wal"), "--json"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert cli.returncode == 0, cli.stderr
+
+
+def test_the_wheel_installed_beside_pyspark_4_0_keeps_it(dist, tmp_path):
+    """No broker: into a virtualenv (this Python) that already holds the oldest supported pyspark, the wheel
+    installs without replacing it."""
+    venv = tmp_path / "venv"
+    env = user_venv(sys.executable, venv, OLDEST_PYSPARK)
+    install_wheel(venv, dist[1]["x86_64"].path, env)
+    assert installed(venv / "bin/python", "pyspark")["pyspark"] == OLDEST_PYSPARK
 
 
 def test_the_aarch64_wheel_is_manylinux2014_abi3_for_aarch64(dist):
