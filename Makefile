@@ -64,7 +64,8 @@ chaos: setup
 bench: setup
 	$(PYTHON) -m bench.run
 
-# Every supported Python and pyspark, each in a fresh virtualenv: a real write and a killed-worker retry.
+# Every supported Python and pyspark (4.0 to 4.3), each in a fresh virtualenv: both modes and a stream with killed
+# workers retried, Spark's Kafka source and format("kafka") beside the sink, a Spark Connect client; a table at the end.
 matrix: setup
 	$(PYTHON) -m tools.matrix
 
