@@ -75,7 +75,15 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             log.warning("%s: this WAL's digests of the committed attempts do not add up to the marker's %d records; "
                         "not resuming from them", self.where, self.txn.committed_records)
             return Phase.SKIPPING
-        self.committed, self.delivered = committed, delivered
+        self.committed = committed
+        earlier = self._earlier_committed(marker)
+        if earlier:
+            # This run re-ran a write: what its committed attempt took from earlier runs' partitions, a retry takes
+            # again under the same claims; the rest of what the marker names is this run's own.
+            ours = {a.key for a in earlier}
+            delivered = self.log.delivered([a for a in committed if a.key not in ours], all_acknowledged=True)
+            self.earlier = self.log.earlier_runs(self.ident, earlier, all_acknowledged=True)
+        self.delivered = delivered
         self.txn.begin()
         return Phase.WRITING
 
@@ -110,13 +118,13 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             return []
         by_name = {attempt_name(a.key): a for a in attempts}
         committed: dict[str, AttemptInfo] = {}
+        topic = self.plan.topic_option
         for partition in sorted({a.partition for a in attempts} | ({self.ident.partition} if own else set())):
             if partition == self.ident.partition:
                 markers = [own] if own is not None else []
             else:
                 group = transactional_id(self.options, self.ident.transaction_scope, partition)
-                markers = read_markers(self.options, group, self.txn.fail)
-            topic = self.plan.topic_option
+                markers = read_markers(self.options, group, [topic] if topic else None, self.txn.fail)
             for m in markers:
                 if m.write_id == self.ident.write_id and (topic is None or (m.topic or topic) == topic):
                     committed.update({n: by_name[n] for n in m.attempts or () if n in by_name})

@@ -297,7 +297,7 @@ def check_transactions(options: SinkOptions) -> None:
     from recoverable_sink.transactions import group_offsets
 
     try:
-        group_offsets(admin, probe, timeout_s, request_timeout_s=timeout_s)
+        group_offsets(options, probe, [options.topic] if options.topic else None, timeout_s)
     except KafkaException as exc:
         problem = transaction_problem(exc.args[0], "reading the commit marker group", probe)
         raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
@@ -162,7 +162,7 @@ class PartitionTransaction:
             self.close()
             raise self.fail(exc, "init_transactions") from None
         try:
-            markers = self.read_markers()
+            markers = self.read_markers(topic)
             self._stand_down_if_superseded(markers)
         except BaseException:
             self.close()
@@ -221,9 +221,10 @@ class PartitionTransaction:
         """The WAL attempt names whose transactions hold the partition (None: a marker without them)."""
         return self.marker.attempts if self.marker is not None else None
 
-    def read_markers(self) -> list[Marker]:
-        """The markers committed in this partition's group (one per topic a marker was committed for)."""
-        return read_markers(self.options, self.txn_id, self.fail)
+    def read_markers(self, topic: str | None = None) -> list[Marker]:
+        """The markers committed in this partition's group (one per topic a marker was committed for; with
+        ``topic``, that topic's only)."""
+        return read_markers(self.options, self.txn_id, [topic] if topic is not None else None, self.fail)
 
     def commit(self, marker_topic: str, records: int, timeout_s: float, attempts: list[str],
                wal: str | None, fingerprint: Fingerprint | None) -> None:
@@ -265,31 +266,54 @@ class PartitionTransaction:
             self.producer = None
 
 
-def group_offsets(admin: AdminClient, group: str, timeout_s: float,
-                  request_timeout_s: float = 30.0) -> list[TopicPartition]:
-    """A marker group's committed offsets, waiting for pending transactional ones (``require_stable``); empty if
-    the group does not exist. Retriable errors (a coordinator loading or moving) are asked again until
-    ``timeout_s``; any other error is raised."""
+# Coordinator answers that mean "ask again": librdkafka does not flag them retriable, whichever client asks.
+_COORDINATOR_BUSY = frozenset({KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._WAIT_COORD, KafkaError._TRANSPORT,
+                               KafkaError.REQUEST_TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT, KafkaError._TIMED_OUT})
+
+
+def group_offsets(options: SinkOptions, group: str, topics: list[str] | None,
+                  timeout_s: float) -> list[TopicPartition]:
+    """A marker group's committed offsets on partition 0 of each of ``topics`` (None: every topic of the cluster,
+    so every marker the group can hold), waiting for pending transactional ones; empty if there are none.
+    Coordinator errors (loading, moving, not yet known) are asked again until ``timeout_s``; others are raised.
+
+    Read through a consumer whose group is the marker group (it never subscribes, so it never joins it), with
+    read_committed, which asks for stable offsets as ``require_stable`` does. Not through an AdminClient: when
+    the answer says the coordinator moved, librdkafka (up to 2.16 at least) dereferences the admin client's
+    absent consumer-group state on its main thread and the process dies of SIGSEGV (docs/operations.md,
+    "Known librdkafka faults")."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], require_stable=True,
-                                                       request_timeout=request_timeout_s)[group].result()
-            return list(result.topic_partitions or [])
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
-                return []
-            if not (err.retriable() and time.monotonic() < deadline):
-                raise
-            time.sleep(0.2)
-
-
-def read_markers(options: SinkOptions, group: str,
-                 fail: Callable[[KafkaException, str], Exception] | None = None) -> list[Marker]:
-    """The markers committed in one marker group (one per topic a marker was committed for)."""
+    consumer = Consumer({**client_config(options), "group.id": group, "enable.auto.commit": "false",
+                         "isolation.level": "read_committed"})
     try:
-        offsets = group_offsets(_admin(options), group, _init_timeout_s(options))
+        while True:
+            try:
+                if topics is None:
+                    topics = [t for t in consumer.list_topics(timeout=max(0.1, deadline - time.monotonic())).topics
+                              if not t.startswith("__")]
+                if not topics:
+                    return []
+                got = consumer.committed([TopicPartition(t, 0) for t in topics],
+                                         timeout=max(0.1, deadline - time.monotonic()))
+                return [tp for tp in got if tp.offset >= 0]
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.code() == KafkaError.GROUP_ID_NOT_FOUND:
+                    return []
+                if not ((err.retriable() or err.code() in _COORDINATOR_BUSY) and time.monotonic() < deadline):
+                    raise
+                time.sleep(0.2)
+    finally:
+        consumer.close()
+
+
+def read_markers(options: SinkOptions, group: str, topics: list[str] | None,
+                 fail: Callable[[KafkaException, str], Exception] | None = None) -> list[Marker]:
+    """The markers committed in one marker group (one per topic a marker was committed for; ``topics``: only
+    those topics' markers)."""
+    try:
+        offsets = group_offsets(options, group, topics, _init_timeout_s(options))
     except KafkaException as exc:
         if fail is None:
             raise

@@ -6,8 +6,6 @@ from functools import partial
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions
-from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
 
 from recoverable_sink import RecoverableKafkaDataSource
@@ -31,13 +29,10 @@ def registered(spark):
 
 def _markers(kafka, groups):
     """The groups among ``groups`` that hold a committed offset (a commit marker)."""
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
-    held = []
-    for group in groups:
-        result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result()
-        if any(tp.offset >= 0 for tp in result.topic_partitions or []):
-            held.append(group)
-    return held
+    from recoverable_sink.transactions import read_markers
+
+    options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers})
+    return [group for group in groups if read_markers(options, group, None)]
 
 
 def _ids(spark, n, partitions=4):
@@ -184,7 +179,7 @@ def test_a_retry_elsewhere_after_a_transaction_cut_short_fails_instead_of_guessi
     elsewhere = open_writer(host("b"), plan, TaskIdentity("wo", 0, 1), cluster_id)
     for batch in data:
         elsewhere.write(batch)
-    with pytest.raises(DeliveryError, match=f"committed 1000 records .* now has 2000.*WAL {tmp_path / 'a'} on host"):
+    with pytest.raises(DeliveryError, match=f"committed 1000 records .* now holds 2000.*WAL {tmp_path / 'a'} on host"):
         elsewhere.commit()
 
     back = open_writer(host("a"), plan, TaskIdentity("wo", 0, 2), cluster_id)

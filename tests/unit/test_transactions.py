@@ -59,7 +59,7 @@ def producers(monkeypatch: pytest.MonkeyPatch):
 
     def install(init_fails: bool) -> list[_Producer]:
         monkeypatch.setattr(transactions, "new_producer", lambda conf, *_: _Producer(conf, init_fails))
-        monkeypatch.setattr(transactions.PartitionTransaction, "read_markers", lambda self: [])
+        monkeypatch.setattr(transactions.PartitionTransaction, "read_markers", lambda self, topic=None: [])
         return _Producer.made
 
     return install

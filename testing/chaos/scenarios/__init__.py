@@ -10,6 +10,7 @@ independent checker counted: lost (never landed), duplicated (landed twice), err
     inputs     bad inputs, secrets and WAL modes (10, 11)
     upstream   failures upstream of the sink's writer (17, 18, 19)
     retention  broker state of a long stream, WAL retention sweeps (20, 21)
+    reruns     a failed micro-batch re-run on another partitioning, a zombie driver (22, 23)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from testing.chaos.scenarios.executor import (
     speculation,
 )
 from testing.chaos.scenarios.inputs import bad_inputs, security
+from testing.chaos.scenarios.reruns import stream_rerun_repartitioned, zombie_driver
 from testing.chaos.scenarios.retention import long_stream_broker_state, sweep_while_running
 from testing.chaos.scenarios.stream import (
     stream_driver_kill,
@@ -90,4 +92,9 @@ SCENARIOS: list[Scenario] = [
              long_stream_broker_state, True, (EO,)),
     Scenario("21", "21. wal.retentionHours of 2 s, swept while a task waits for its input", sweep_while_running,
              True),
+    Scenario("22", "22. A failed micro-batch re-run on another partitioning after a restart",
+             stream_rerun_repartitioned, True),
+    # A zombie frozen mid-send goes on sending under at_least_once (repeats, never loss); exactly_once fences it.
+    Scenario("23", "23. A zombie driver frozen as a micro-batch starts, resumed after another ran the query",
+             zombie_driver, False),
 ]
