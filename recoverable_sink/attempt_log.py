@@ -19,7 +19,16 @@ from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.rerun import EarlierRuns, NoEarlierRuns, earlier_run_attempts
-from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal, runs_here, sweep_now_and_then
+from recoverable_sink.wal import (
+    DONE,
+    LOGGED,
+    AttemptInfo,
+    Wal,
+    open_wal,
+    release_generated_proof,
+    runs_here,
+    sweep_now_and_then,
+)
 
 log = get_logger("attempt_log")
 
@@ -121,6 +130,7 @@ class AttemptLog(NoLog):
     def open(cls, options: SinkOptions, ident: TaskIdentity) -> AttemptLog:
         wal = open_wal(options.resolved_wal_path())
         sweep_now_and_then(wal, options.retention_seconds)
+        release_generated_proof(wal, options.proof_grace_seconds)
         return cls(wal, options, wal.prior_attempts(ident.write_id, ident.partition))
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:

@@ -24,7 +24,7 @@ from recoverable_sink.marker import Marker
 from recoverable_sink.producer import SinkProducer
 from recoverable_sink.records import normalise
 from recoverable_sink.transactions import PartitionTransaction, read_markers, transactional_id
-from recoverable_sink.wal import AttemptInfo
+from recoverable_sink.wal import DONE, AttemptInfo
 from recoverable_sink.writer import AtLeastOnceWriter, Phase, final_wait_s
 
 log = get_logger("task")
@@ -112,12 +112,15 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
 
     def _earlier_committed(self, own: Marker | None) -> list[AttemptInfo]:
         """The attempts of earlier runs of this write, in any partition, left in this WAL, whose transactions
-        committed: the ones their partition's marker names (one marker read per partition found here)."""
+        committed: the ones their partition's marker names (one marker read per partition found here), and those
+        marked done, which an attempt is only once its commit returned. The latter keep a re-run exact after
+        the brokers expired the markers (``offsets.retention.minutes``: a query down for a long weekend)."""
         attempts = self.log.earlier_attempts(self.ident)
         if not attempts:
             return []
         by_name = {attempt_name(a.key): a for a in attempts}
-        committed: dict[str, AttemptInfo] = {}
+        committed: dict[str, AttemptInfo] = {attempt_name(a.key): a for a in attempts
+                                             if a.state == DONE and a.extra.get("guarantee") == "exactly_once"}
         topic = self.plan.topic_option
         for partition in sorted({a.partition for a in attempts} | ({self.ident.partition} if own else set())):
             if partition == self.ident.partition:

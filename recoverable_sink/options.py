@@ -19,6 +19,7 @@ from recoverable_sink.errors import OptionError
 KAFKA_PREFIX = "kafka."
 DEFAULT_WAL_MAX_BYTES = 4 << 30  # payload Kafka has not acknowledged yet, for all tasks on a host
 DEFAULT_RETENTION_HOURS = 168.0
+DEFAULT_PROOF_GRACE_SECONDS = 600.0  # past spark.network.timeout (120 s), which a lost executor is detected within
 DEFAULT_PREFLIGHT_TIMEOUT_MS = 30_000
 AT_LEAST_ONCE = "at_least_once"
 EXACTLY_ONCE = "exactly_once"
@@ -93,6 +94,7 @@ _SINK_OPTIONS = {
     "wal.maxbytes",
     "wal.enabled",
     "wal.retentionhours",
+    "wal.proofgraceseconds",
     "wal.writeid",
     "producer.native",
     "delivery.guarantee",
@@ -119,6 +121,9 @@ class SinkOptions:
     wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES
     wal_enabled: bool = True
     retention_seconds: float = DEFAULT_RETENTION_HOURS * 3600
+    # How long a committed generated-id write's proof of delivery stays on an executor host (never re-run: only
+    # Spark's own re-run of a finished task, after its executor was lost, needs it).
+    proof_grace_seconds: float = DEFAULT_PROOF_GRACE_SECONDS
     preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
     summary_path: str | None = None
     write_id: str | None = None
@@ -355,6 +360,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         retention_seconds=parse_number(
             "wal.retentionHours", lowered.get("wal.retentionhours", str(DEFAULT_RETENTION_HOURS))
         ) * 3600,
+        proof_grace_seconds=parse_number(
+            "wal.proofGraceSeconds", lowered.get("wal.proofgraceseconds", str(DEFAULT_PROOF_GRACE_SECONDS))
+        ),
         preflight_timeout_s=parse_number(
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,

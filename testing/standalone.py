@@ -31,9 +31,13 @@ SPARK_HOME = Path(pyspark.__file__).resolve().parent
 class StandaloneCluster:
     """A master on 127.0.0.1 and one single-core worker per host name in ``workers`` (name -> extra env)."""
 
-    def __init__(self, work: Path, workers: dict[str, dict[str, str]], memory: str = "1g") -> None:
+    def __init__(self, work: Path, workers: dict[str, dict[str, str]], memory: str = "1g",
+                 host_names: dict[str, str] | None = None) -> None:
         self.work = work
         self.workers = workers
+        # Worker -> the host name its processes see (a UTS namespace of their own, by `unshare --uts`): an
+        # executor on "another host" than the driver, as on a real cluster, while still on 127.0.0.1.
+        self.host_names = host_names or {}
         self.memory = memory
         self.port = free_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
@@ -44,10 +48,14 @@ class StandaloneCluster:
         # INFO level: their logs are how __enter__ knows the master is up and the workers registered.
         return {**python_env(), "SPARK_HOME": str(SPARK_HOME), "SPARK_LOCAL_IP": "127.0.0.1", **extra}
 
-    def _start(self, name: str, args: list[str], extra: dict[str, str]) -> subprocess.Popen:
+    def _start(self, name: str, args: list[str], extra: dict[str, str],
+               host_name: str | None = None) -> subprocess.Popen:
         log = open(self.work / f"{name}.log", "ab")
-        proc = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=log,
-                                stderr=subprocess.STDOUT, env=self._env(extra), start_new_session=True)
+        command = [str(SPARK_HOME / "bin" / "spark-class"), *args]
+        if host_name is not None:
+            command = ["unshare", "--uts", "sh", "-c", f'hostname {host_name} && exec "$@"', "sh", *command]
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self._env(extra),
+                                start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -73,7 +81,8 @@ class StandaloneCluster:
         for i, (host, env) in enumerate(self.workers.items()):
             self._start(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", "--host", host, "--port", "0",
                                         "--webui-port", "0", "--cores", "1", "--memory", self.memory,
-                                        "--work-dir", str(self.work / f"worker-{i}"), self.master_url], env)
+                                        "--work-dir", str(self.work / f"worker-{i}"), self.master_url], env,
+                        self.host_names.get(host))
         wait_until(lambda: len(re.findall(r"Registering worker", self._log("master"))) >= len(self.workers)
                    or any(p.poll() is not None for p in self.procs), 120, "the Spark workers to register")
         dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]

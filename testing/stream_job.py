@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-per-trigger", type=int, default=0, help="files or offsets per micro-batch")
     p.add_argument("--output-mode", default="append")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="extra sink option")
+    p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting")
     p.add_argument("--repartition", type=int, default=0, help="files source: partitions of every micro-batch")
     p.add_argument("--fail-at-id", type=int, default=None,
                    help="files source: the JVM fails every attempt of the task holding this id, upstream of the sink")
@@ -38,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="files source: a Python UDF upstream of the sink fails the first attempt holding this id")
     args = p.parse_args(argv)
 
-    spark = local_spark("recoverable-kafka-stream-job", args.master, **{"spark.sql.shuffle.partitions": "2"})
+    spark = local_spark("recoverable-kafka-stream-job", args.master, **{
+        "spark.sql.shuffle.partitions": "2", **dict(item.split("=", 1) for item in args.conf)})
 
     if args.source == "files":
         reader = spark.readStream.schema("id LONG, payload STRING")

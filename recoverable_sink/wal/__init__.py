@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from recoverable_sink.wal.env import close_wal, close_wals, map_size
 from recoverable_sink.wal.format import DONE, LOGGED, OPEN, AttemptInfo, Segment
-from recoverable_sink.wal.retention import SweepResult, release_committed_batches, runs_here, sweep_now_and_then
+from recoverable_sink.wal.retention import (
+    SweepResult,
+    release_committed_batches,
+    release_generated_proof,
+    runs_here,
+    sweep_now_and_then,
+)
 from recoverable_sink.wal.store import Wal, WalStats, open_wal
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "map_size",
     "open_wal",
     "release_committed_batches",
+    "release_generated_proof",
     "runs_here",
     "sweep_now_and_then",
 ]

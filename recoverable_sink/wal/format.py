@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -224,9 +225,12 @@ def encode_meta(meta: dict[str, object]) -> bytes:
 
 
 def with_state(raw: bytes, state: str) -> bytes:
-    """An ``m/`` entry's value with its state changed, everything else as it was."""
+    """An ``m/`` entry's value with its state changed (``done`` with the time, ``done_at``), everything else as it
+    was."""
     meta = json.loads(raw)
     meta["state"] = state
+    if state == DONE:
+        meta.setdefault("done_at", time.time())
     return json.dumps(meta).encode()
 
 

@@ -63,6 +63,31 @@ def sweep_now_and_then(wal: Wal, retention_s: float) -> None:
     wal.sweep(retention_s, now)
 
 
+_RELEASE_EVERY_S = 30.0
+_last_release: dict[str, float] = {}
+
+
+def release_generated_proof(wal: Wal, grace_s: float, now: float | None = None) -> int:
+    """Remove the finished attempts of writes with a generated id once they are done for ``grace_s``
+    (``wal.proofGraceSeconds``); at most every 30 s per WAL and process (tasks call this as they start), so that
+    the proof of committed writes leaves every executor host within minutes, without the driver reaching it.
+    Such a write is never re-run: its proof serves only Spark's re-run of a finished task whose result was lost
+    with its executor, which comes within ``spark.network.timeout``. ``wal.writeId`` writes, streams and
+    unfinished attempts keep theirs for ``wal.retentionHours``. Returns attempts removed."""
+    grace = grace_s
+    now = time.time() if now is None else now
+    if now - _last_release.get(wal.path, 0.0) < min(_RELEASE_EVERY_S, grace):
+        return 0
+    _last_release[wal.path] = now
+    done = [a.key for a in wal.attempts() if a.state == DONE and a.extra.get("generated") is True
+            and now - float(str(a.extra.get("done_at", a.created))) > grace]
+    if done:
+        freed = wal.purge(done)
+        log.debug("WAL %s: released the proof of %d finished attempt(s) of generated-id writes (%d payload bytes)",
+                  wal.path, len(done), freed)
+    return len(done)
+
+
 def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
     """Remove the logs of micro-batches of ``query_id`` before ``batch_id``: Spark starts a batch only after
     every earlier one is in the query's commit log, so their proof of delivery is no longer needed (and any
