@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP_PY := build/.stamp-python
 STAMP_JARS := build/.stamp-jars
 
-.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench matrix dist lint clean
+.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench soak matrix dist lint clean
 
 setup: $(STAMP_PY) $(STAMP_JARS)
 
@@ -63,6 +63,13 @@ chaos: setup
 
 bench: setup
 	$(PYTHON) -m bench.run
+
+# The sink over time and size: two streams (one per delivery mode) for SOAK_MINUTES (30) under random faults,
+# sampled every minute; then batch writes of 1M, 10M and 50M rows. build/soak/results.json and results.png.
+soak: setup
+	$(PYTHON) -m testing.spark --class-archive
+	$(PYTHON) -m testing.soak
+	$(PYTHON) -m bench.sizes
 
 # Every supported Python and pyspark (4.0 to 4.3), each in a fresh virtualenv: both modes and a stream with killed
 # workers retried, Spark's Kafka source and format("kafka") beside the sink, a Spark Connect client; a table at the end.

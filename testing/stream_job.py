@@ -10,7 +10,9 @@ Run it in its own process group so a test can SIGKILL the driver together with i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
 from pyspark.sql import DataFrame
 
@@ -32,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-mode", default="append")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE", help="extra sink option")
     p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting")
+    p.add_argument("--rate", type=int, default=1000, help="rate source: rows per second (the row's number is its key)")
+    p.add_argument("--rate-partitions", type=int, default=4, help="rate source: partitions of every micro-batch")
+    p.add_argument("--stop-file", help="rate source: stop between micro-batches once this file exists")
     p.add_argument("--repartition", type=int, default=0, help="files source: partitions of every micro-batch")
     p.add_argument("--fail-at-id", type=int, default=None,
                    help="files source: the JVM fails every attempt of the task holding this id, upstream of the sink")
@@ -58,16 +63,24 @@ def main(argv: list[str] | None = None) -> int:
             reader = reader.option("maxOffsetsPerTrigger", args.max_per_trigger)
         df = reader.load().selectExpr("key", "value")
     else:
-        df = spark.readStream.format("rate").option("rowsPerSecond", 1000).load() \
-            .selectExpr("CAST(value AS STRING) AS value")
+        df = (spark.readStream.format("rate").option("rowsPerSecond", args.rate)
+              .option("numPartitions", args.rate_partitions).load()
+              .selectExpr("CAST(value AS STRING) AS key", "CAST(value AS STRING) AS value"))
 
     options = dict(item.split("=", 1) for item in args.option)
     if args.summary:
         options["summary.path"] = args.summary
     writer = (sink_stream_writer(df, args.bootstrap, args.topic, args.wal, checkpointLocation=args.checkpoint,
-                                 **options)
-              .outputMode(args.output_mode).trigger(availableNow=True))
-    query = writer.start()
+                                 **options).outputMode(args.output_mode))
+    # The rate source never runs out: it runs on a 1 s trigger until the stop file appears.
+    query = writer.trigger(processingTime="1 second" if args.source == "rate" else None,
+                           availableNow=args.source != "rate" or None).start()
+    if args.source == "rate" and args.stop_file:
+        while query.isActive and not os.path.exists(args.stop_file):
+            time.sleep(0.5)
+        while query.isActive and query.status["isTriggerActive"]:  # between micro-batches, not inside one
+            time.sleep(0.05)
+        query.stop()
     query.awaitTermination()
     spark.stop()
     return 0
