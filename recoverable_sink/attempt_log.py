@@ -164,8 +164,9 @@ class AttemptLog(NoLog):
             def later(a: AttemptInfo) -> bool:
                 if run is not None and a.extra.get("run") == run:
                     return _task_attempt(a) > mine
-                if later_run(a.extra.get("run"), run):  # a newer run of the write: this one is a zombie
-                    return True
+                if later_run(a.extra.get("run"), run) or later_run(run, a.extra.get("run")):
+                    # Both runs are time-ordered by their drivers: a newer run of the write makes this one a zombie.
+                    return later_run(a.extra.get("run"), run)
                 return a.key > self.key and runs_here(a)  # another run: begun after this one (keys start with time)
 
             if any(later(a) for a in self.priors):

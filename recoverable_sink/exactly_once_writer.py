@@ -23,6 +23,7 @@ from recoverable_sink.identity import record_digests
 from recoverable_sink.marker import Marker
 from recoverable_sink.producer import SinkProducer
 from recoverable_sink.records import normalise
+from recoverable_sink.rerun import run_of
 from recoverable_sink.transactions import PartitionTransaction, read_markers, transactional_id
 from recoverable_sink.wal import DONE, AttemptInfo
 from recoverable_sink.writer import AtLeastOnceWriter, Phase, final_wait_s
@@ -180,7 +181,9 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         if self.log.key is None:
             return
         kept = {a.key for a in holders}
-        dropped = [p.key for p in self.log.priors if p.key not in kept]
+        # Only this run's attempts that did not commit go: an earlier run's stay as proof for the other partitions
+        # of this run (and of a later one), whatever their marker says.
+        dropped = [p.key for p in self._this_runs(self.log.priors) if p.key not in kept]
         if sent:
             self.log.finish([], dropped=dropped)
         else:
@@ -207,13 +210,19 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             # rest, and without per-record proof this attempt cannot tell which records those are.
             self._refuse_changed(marker)
         if marker.run is None or marker.run == self.txn.run:
-            # A retry in the run that committed: whatever its earlier attempts logged is in Kafka. An earlier run's
-            # logs stay, as proof for the partitions of this re-run that take from them.
-            self.log.purge([p.key for p in self.log.priors])
+            # A retry in the run that committed: whatever its run's earlier attempts logged is in Kafka. An earlier
+            # run's logs stay, as proof for the partitions of this re-run that take from them.
+            self.log.purge([p.key for p in self._this_runs(self.log.priors)])
         self.message.received = self.position
         self.message.committed_before = True
         self.message.seconds = time.monotonic() - self.started
         return self.message
+
+    def _this_runs(self, attempts: list[AttemptInfo]) -> list[AttemptInfo]:
+        """The attempts of this run (all of them for a task without a run: a writer driven outside Spark)."""
+        if self.txn.run is None:
+            return attempts
+        return [a for a in attempts if run_of(a) == self.txn.run]
 
     def _refuse_changed(self, marker: Marker) -> None:
         proof = (f"; the digests that tell which records those are stay in WAL {marker.wal} on host "

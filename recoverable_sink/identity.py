@@ -262,7 +262,10 @@ class Fingerprint:
         if not isinstance(text, str) or ":" not in text:
             return None
         count, total = text.split(":", 1)
-        return cls(int(count), int(total, 16))
+        try:
+            return cls(int(count), int(total, 16))
+        except ValueError:
+            return None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Fingerprint) and (self.count, self.total) == (other.count, other.total)

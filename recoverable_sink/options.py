@@ -293,6 +293,13 @@ def client_config(options: SinkOptions) -> dict[str, str]:
     return {k: v for k, v in options.producer_items if k.startswith(_CLIENT_PREFIXES)}
 
 
+def _at_least(low: float, name: str, value: float) -> float:
+    """``value`` where it is at least ``low``; an OptionError naming the option otherwise."""
+    if value < low:
+        raise OptionError(f"option {name}={value:g} must be at least {low:g}")
+    return value
+
+
 def _guarantee(value: str, conf: dict[str, str]) -> str:
     guarantee = value.strip().lower()
     if guarantee not in (AT_LEAST_ONCE, EXACTLY_ONCE):
@@ -360,9 +367,8 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         retention_seconds=parse_number(
             "wal.retentionHours", lowered.get("wal.retentionhours", str(DEFAULT_RETENTION_HOURS))
         ) * 3600,
-        proof_grace_seconds=parse_number(
-            "wal.proofGraceSeconds", lowered.get("wal.proofgraceseconds", str(DEFAULT_PROOF_GRACE_SECONDS))
-        ),
+        proof_grace_seconds=_at_least(1, "wal.proofGraceSeconds", parse_number(
+            "wal.proofGraceSeconds", lowered.get("wal.proofgraceseconds", str(DEFAULT_PROOF_GRACE_SECONDS)))),
         preflight_timeout_s=parse_number(
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,

@@ -296,6 +296,10 @@ def group_offsets(options: SinkOptions, group: str, topics: list[str] | None,
                     return []
                 got = consumer.committed([TopicPartition(t, 0) for t in topics],
                                          timeout=max(0.1, deadline - time.monotonic()))
+                failed = [tp for tp in got if tp.error is not None and
+                          tp.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART]
+                if failed:  # an error read as "no marker" would re-send a committed partition
+                    raise KafkaException(failed[0].error)
                 return [tp for tp in got if tp.offset >= 0]
             except KafkaException as exc:
                 err = exc.args[0]

@@ -43,6 +43,7 @@ from recoverable_sink.producer import SinkProducer
 from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
 from recoverable_sink.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.wal import DONE
 
 log = get_logger("task")
 
@@ -188,7 +189,10 @@ class AtLeastOnceWriter:
         """Skip what Kafka acknowledged to the earlier attempts this host logged, once none of them still sends."""
         try:
             self.log.settle_priors(self.ident, final_wait_s(self.options))
-            earlier = self.log.earlier_attempts(self.ident)
+            # An exactly_once attempt of an earlier run counts only once committed (done): an aborted transaction's
+            # acknowledged records are not visible to read_committed readers.
+            earlier = [a for a in self.log.earlier_attempts(self.ident)
+                       if a.extra.get("guarantee") != "exactly_once" or a.state == DONE]
             if earlier:
                 self.earlier = self.log.earlier_runs(self.ident, earlier, all_acknowledged=False)
                 log.info("%s: a re-run of write %s: %d records that earlier runs delivered on this host, in any "
@@ -361,7 +365,8 @@ class AtLeastOnceWriter:
         """Everything is acknowledged: this attempt's digests stay as proof, the earlier attempts' go."""
         if self.ident.retry and not self.log.priors:
             message.unproven = message.published  # a retry with nothing to skip by: some may be repeats
-        self.log.finish([p.key for p in self.log.priors])
+        # An exactly_once attempt of an earlier run is not this mode's to finish: done means committed there.
+        self.log.finish([p.key for p in self.log.priors if p.extra.get("guarantee") != "exactly_once"])
 
     def abort(self) -> None:
         """After a failure: give records already handed over their chance to be acknowledged and persist what

@@ -42,6 +42,7 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None) -> SweepResult
     kept = [a for a in old if a.key in unfinished or a.key in holding]
     removable = [a for a in old if a.key not in unfinished and a.key not in holding]
     wal.purge([a.key for a in removable])
+    wal.drop_claims({a.write_id for a in removable})
     if removable:
         log.info("WAL %s: removed %d finished attempt log(s) older than wal.retentionHours=%g that held only "
                  "proof of delivery", wal.path, len(removable), retention_s / 3600)
@@ -74,13 +75,12 @@ def release_generated_proof(wal: Wal, grace_s: float, now: float | None = None) 
     Such a write is never re-run: its proof serves only Spark's re-run of a finished task whose result was lost
     with its executor, which comes within ``spark.network.timeout``. ``wal.writeId`` writes, streams and
     unfinished attempts keep theirs for ``wal.retentionHours``. Returns attempts removed."""
-    grace = grace_s
     now = time.time() if now is None else now
-    if now - _last_release.get(wal.path, 0.0) < min(_RELEASE_EVERY_S, grace):
+    if now - _last_release.get(wal.path, 0.0) < min(_RELEASE_EVERY_S, grace_s):
         return 0
     _last_release[wal.path] = now
     done = [a.key for a in wal.attempts() if a.state == DONE and a.extra.get("generated") is True
-            and now - float(str(a.extra.get("done_at", a.created))) > grace]
+            and now - float(str(a.extra.get("done_at", a.created))) > grace_s]
     if done:
         freed = wal.purge(done)
         log.debug("WAL %s: released the proof of %d finished attempt(s) of generated-id writes (%d payload bytes)",

@@ -304,21 +304,28 @@ class Wal(Transactions):
         """Delete attempts' metadata, segments and bitmaps; returns the payload bytes freed (the caller
         updates the usage counter)."""
         freed = 0
-        writes = set()
         for key in attempt_keys:
             txn.delete(meta_key(key))
-            writes.add(key.split("/", 1)[0])
             for seg_key, ack, value in self._segment_entries(txn, key):
                 freed += payload_len(value)
                 txn.delete(seg_key)
                 txn.delete(ack)
-        for write_id in writes:  # a write's re-run claims go with its last attempt
-            start = meta_key(f"{write_id}/")
-            cursor = txn.cursor()
-            if cursor.set_range(start) and cursor.key().startswith(start):
-                continue
-            self._delete_range(txn, claims_prefix(write_id))
         return freed
+
+    def drop_claims(self, write_ids: set[str]) -> None:
+        """Delete the re-run claims of writes that have no attempt left here. Only the retention sweep calls
+        this: a task that read the earlier runs' proof and has yet to claim from it must find the claims other
+        partitions made meanwhile, which a purge of the write's last attempts must not take away."""
+        def body(txn: lmdb.Transaction) -> None:
+            for write_id in write_ids:
+                start = meta_key(f"{write_id}/")
+                cursor = txn.cursor()
+                if cursor.set_range(start) and cursor.key().startswith(start):
+                    continue
+                self._delete_range(txn, claims_prefix(write_id))
+
+        if write_ids:
+            self._write(body)
 
     @staticmethod
     def _delete_range(txn: lmdb.Transaction, prefix: bytes) -> None:

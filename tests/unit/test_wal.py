@@ -400,3 +400,21 @@ def test_sweep_removes_an_unfinished_attempt_once_its_process_is_gone_and_it_hol
     wal.save_acks(mine, {0: bytearray(b"\x01")})
     assert wal.sweep(retention_s=3600, now=time.time() + 7200) == (1, 1)
     assert [a.write_id for a in wal.attempts()] == ["running"]
+
+
+def test_partitions_of_a_rerun_never_both_count_one_delivered_copy(wal_dir):
+    """Claims on an earlier run's proof: one delivered copy is counted by one partition only, equal records
+    count as a multiset, a retry of a partition takes its own claims again, and another run starts afresh."""
+    from collections import Counter
+
+    wal = open_wal(wal_dir)
+    d, e, f = b"d" * 16, b"e" * 16, b"f" * 16
+    proven = Counter({d: 1, e: 2})
+    assert wal.claim("w", "run2", 0, [d, e, f], proven, Counter()) == [True, True, False]
+    assert wal.claim("w", "run2", 1, [d, e, e], proven, Counter()) == [False, True, False]
+    # Partition 0 retried (its input in another order): the copies it counted are still its own.
+    assert wal.claim("w", "run2", 0, [e, f, d], proven, Counter()) == [True, False, True]
+    # Within one attempt, batch after batch, a copy is counted once.
+    taken = Counter()
+    assert wal.claim("w", "run3", 0, [e], proven, taken) == [True]
+    assert wal.claim("w", "run3", 0, [e, e], proven, taken) == [True, False]
