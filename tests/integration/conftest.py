@@ -72,3 +72,16 @@ def spark() -> Iterator[SparkSession]:
     session = local_spark("recoverable-sink-tests", **{"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="module")
+def small_batches(spark: SparkSession) -> Iterator[None]:
+    """The sink registered and Arrow batches of 1,000 rows, so that a failure upstream of the sink cuts a
+    partition's input between batches, well before its end (for a module: ``usefixtures("small_batches")``)."""
+    from recoverable_sink import RecoverableKafkaDataSource
+
+    spark.dataSource.register(RecoverableKafkaDataSource)
+    before = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
+    yield
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)

@@ -11,7 +11,6 @@ from pyspark import TaskContext
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
-from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.wal import LOGGED, open_wal
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.spark import sink_writer
@@ -20,14 +19,7 @@ ROWS = 20_000
 MODES = ["at_least_once", "exactly_once"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def small_batches(spark):
-    """Arrow batches of 1,000 rows, so the input is cut between batches well before its end."""
-    spark.dataSource.register(RecoverableKafkaDataSource)
-    before = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
-    yield
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
+pytestmark = pytest.mark.usefixtures("small_batches")  # Arrow batches of 1,000 rows: a cut lands mid-way
 
 
 def _frame(spark, fail_at=None):

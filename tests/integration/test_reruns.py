@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.contract import TaskIdentity, new_run_id, stream_write_id
 from recoverable_sink.errors import InputCutShortError, StaleAttemptError
 from recoverable_sink.options import parse_options
@@ -26,13 +25,7 @@ ROWS = 40_000
 MODES = ["at_least_once", "exactly_once"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered(spark):
-    spark.dataSource.register(RecoverableKafkaDataSource)
-    before = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")  # many batches: a cut lands mid-way
-    yield
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
+pytestmark = pytest.mark.usefixtures("small_batches")  # Arrow batches of 1,000 rows: a cut lands mid-way
 
 
 def _frame(spark, partitions, fail_at=None):
