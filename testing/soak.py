@@ -140,18 +140,19 @@ def fault(rng: random.Random, queries: list[Query], cluster: KafkaCluster) -> st
     return f"broker {node} SIGKILLed and restarted"
 
 
-def growth_per_hour(samples: list[dict[str, float]], key: str) -> float | None:
-    """The least-squares slope of a series after its first fifth (warm-up), as % of its mean per hour."""
+def growth_per_hour(samples: list[dict[str, float]], key: str) -> dict[str, float] | None:
+    """The least-squares slope of a series after its first fifth (warm-up), per hour and as % of its mean per
+    hour. A process's series leaves out the minutes it was down (a fault had just killed it)."""
     tail = samples[len(samples) // 5:]
+    if key.startswith(("worker_", "driver_")):
+        tail = [s for s in tail if s[key] > 0]
     if len(tail) < 3:
         return None
     xs, ys = [s["minute"] / 60 for s in tail], [s[key] for s in tail]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     var = sum((x - mx) ** 2 for x in xs)
-    if var == 0 or my == 0:
-        return 0.0
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
-    return round(100 * slope / my, 2)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+    return {"per_hour": round(slope, 3), "percent_per_hour": round(100 * slope / my, 2) if my else 0.0}
 
 
 def verdict(q: Query, bootstrap: str) -> dict[str, Any]:
@@ -248,8 +249,7 @@ def main() -> int:
             if q.proc.wait(300) != 0:
                 faults.append({"fault": f"{q.mode}: the last run exited {q.proc.returncode}"})
         results = {q.mode: {**verdict(q, bootstrap), "restarts": q.restarts - 1,
-                            "growth_percent_per_hour": {k: growth_per_hour(q.samples, k) for k in q.samples[0]
-                                                        if k != "minute"},
+                            "growth": {k: growth_per_hour(q.samples, k) for k in q.samples[0] if k != "minute"},
                             "samples": q.samples} for q in queries}
     finally:
         for q in queries:

@@ -10,7 +10,7 @@ import resource
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 import lmdb
 
@@ -252,6 +252,11 @@ def open_env(path: str) -> tuple[str, lmdb.Environment, Gate]:
             if os.path.exists(file):
                 os.chmod(file, 0o600)
         _check_not_truncated(path, env)
+        # A worker SIGKILLed while it read leaves its reader slot behind, and LMDB then keeps every page freed since
+        # that snapshot from reuse: the file grows a step with each killed worker (make soak showed the steps).
+        # Each process that opens the WAL clears the slots of processes that are gone.
+        with suppress(lmdb.Error):
+            env.reader_check()
         while len(_envs) >= _MAX_ENVS:  # the oldest opened goes first; a task holds its Wal for its duration
             _envs.pop(next(iter(_envs))).close()
         _envs[path] = env
