@@ -95,6 +95,12 @@ class TopicQuestions:
             return None
 
 
+def _answer_wait_s(options: SinkOptions) -> float:
+    """How long the driver waits for an admin answer: past the request's own timeout, which should end it first,
+    so that no lost answer can hold a write forever."""
+    return options.preflight_timeout_s + 5
+
+
 _METADATA_TRY_S = 1.0  # metadata is asked in short tries, so an authentication or TLS failure ends the wait early
 
 
@@ -137,8 +143,10 @@ def _check_write_allowed(options: SinkOptions, questions: TopicQuestions | None)
 
     assert options.topic is not None
     try:
-        allowed = (questions or TopicQuestions(options)).operations.result().authorized_operations
-    except (KafkaException, ValueError) as exc:
+        # Kept in a name: a temporary TopicQuestions would take its admin client with it, and the answer with it.
+        asked = questions or TopicQuestions(options)
+        allowed = asked.operations.result(timeout=_answer_wait_s(options)).authorized_operations
+    except (KafkaException, ValueError, TimeoutError) as exc:
         log.info("could not read the operations allowed on topic %s (%s); the brokers still enforce them",
                  options.topic, options.scrub(str(exc)))
         return
@@ -224,9 +232,10 @@ def fit_topic_limit(options: SinkOptions, questions: TopicQuestions | None = Non
     if options.topic is None:
         return _fit_column_topics(options)
     try:
-        entry = (questions or TopicQuestions(options)).config.result().get("max.message.bytes")
+        asked = questions or TopicQuestions(options)
+        entry = asked.config.result(timeout=_answer_wait_s(options)).get("max.message.bytes")
         limit = int(entry.value) if entry is not None and entry.value is not None else None
-    except (KafkaException, ValueError) as exc:
+    except (KafkaException, ValueError, TimeoutError) as exc:
         log.info("could not read topic %s's max.message.bytes (%s); the brokers still enforce it", options.topic,
                  options.scrub(str(exc)))
         return options
@@ -269,10 +278,11 @@ def check_transactions(options: SinkOptions) -> None:
         brokers = list(admin.list_topics(timeout=timeout_s).brokers)
         try:
             resource = ConfigResource(ResourceType.BROKER, str(brokers[0]))
-            configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result()
+            configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource] \
+                .result(timeout=_answer_wait_s(options))
             entry = configs.get("transaction.max.timeout.ms")
             broker_max = int(entry.value) if entry is not None and entry.value is not None else None
-        except (KafkaException, IndexError) as exc:  # no DESCRIBE_CONFIGS right: init_transactions will tell
+        except (KafkaException, IndexError, TimeoutError) as exc:  # no DESCRIBE_CONFIGS right: init_transactions tells
             broker_max = None
             log.info("could not read the brokers' transaction.max.timeout.ms (%s); init_transactions checks it",
                      options.scrub(str(exc)))
@@ -325,8 +335,8 @@ def _fit_column_topics(options: SinkOptions) -> SinkOptions:
         answers = admin.describe_configs(resources, request_timeout=options.preflight_timeout_s)
         for resource, future in answers.items():
             try:
-                entry = future.result().get("max.message.bytes")
-            except KafkaException:
+                entry = future.result(timeout=_answer_wait_s(options)).get("max.message.bytes")
+            except (KafkaException, TimeoutError):
                 continue  # not described to this principal: the brokers still enforce its limit
             if entry is not None and entry.value is not None:
                 limits[resource.name] = int(entry.value)
