@@ -195,7 +195,7 @@ class AttemptLog(NoLog):
         """What ``attempts`` (of earlier runs) delivered, for this attempt to take from under claims."""
         if not attempts:
             return NoEarlierRuns()
-        return EarlierRuns(self.wal, ident, self.wal.delivered(attempts, all_acknowledged), attempts)
+        return EarlierRuns(self.wal, ident, self.wal.delivered(attempts, all_acknowledged))
 
     def end(self) -> None:
         """After a failure, behind the acknowledgement saves still queued: no retry need wait for this attempt."""

@@ -18,7 +18,8 @@ from collections import Counter
 from recoverable_sink.contract import TaskIdentity, later_run
 from recoverable_sink.errors import StaleAttemptError
 from recoverable_sink.identity import DeliveredSet
-from recoverable_sink.wal import AttemptInfo, Wal
+from recoverable_sink.wal import AttemptInfo, Wal, release_committed_batches
+from recoverable_sink.wal.retention import micro_batch_attempts
 
 
 def run_of(attempt: AttemptInfo) -> str | None:
@@ -39,9 +40,7 @@ def earlier_run_attempts(wal: Wal, ident: TaskIdentity, own_key: str | None) -> 
 class NoEarlierRuns:
     """Not a re-run (or no log of an earlier run on this host): nothing to take."""
 
-    attempts: list[AttemptInfo] = []
     records = 0
-    claimed = 0
 
     def __bool__(self) -> bool:
         return False
@@ -54,13 +53,12 @@ class EarlierRuns:
     """The earlier runs' proof of delivery on this host (record digest -> acknowledged copies), taken batch by batch
     under claims in the WAL."""
 
-    def __init__(self, wal: Wal, ident: TaskIdentity, proven: DeliveredSet, attempts: list[AttemptInfo]) -> None:
+    def __init__(self, wal: Wal, ident: TaskIdentity, proven: DeliveredSet) -> None:
         self.wal = wal
         self.write_id = ident.write_id
         self.run = str(ident.extra["run"])
         self.partition = ident.partition
         self.proven: Counter[bytes] = proven.acked
-        self.attempts = attempts
         self.taken: Counter[bytes] = Counter()
 
     def __bool__(self) -> bool:
@@ -77,23 +75,21 @@ class EarlierRuns:
             return [False] * len(digests)
         return self.wal.claim(self.write_id, self.run, self.partition, digests, self.proven, self.taken)
 
-    @property
-    def claimed(self) -> int:
-        return sum(self.taken.values())
 
-
-def refuse_stale_micro_batch(wal: Wal, ident: TaskIdentity) -> None:
-    """Stand down (:class:`StaleAttemptError`) if this host already began a later micro-batch of the query. Spark
-    starts batch N+1 only once batch N is in the query's commit log, so a task of batch N that finds one is a
-    zombie's (a driver that the query moved past), and whatever it sent would repeat records."""
+def settle_micro_batches(wal: Wal, ident: TaskIdentity) -> None:
+    """For a micro-batch's task, in one read of the query's attempts on this host: stand down
+    (:class:`StaleAttemptError`) if a later micro-batch of the query began here, else release the earlier ones'
+    logs. Spark starts batch N+1 only once batch N is in the query's commit log, so a task of batch N that finds
+    one is a zombie's (a driver that the query moved past), and whatever it sent would repeat records."""
     query_id, batch = ident.extra.get("query_id"), ident.extra.get("batch_id")
     if ident.kind != "stream" or not isinstance(query_id, str) or not isinstance(batch, int):
         return
-    later = sorted({int(str(a.extra["batch_id"])) for a in wal.attempts(f"{query_id}-b")
-                    if a.extra.get("query_id") == query_id and int(str(a.extra.get("batch_id", -1))) > batch})
+    attempts = micro_batch_attempts(wal, query_id)
+    later = sorted({b for a in attempts if (b := int(str(a.extra.get("batch_id", -1)))) > batch})
     if later:
         raise StaleAttemptError(
             f"{ident.where}: this host already ran micro-batch {later[-1]} of query {query_id}, which Spark starts "
             f"only once micro-batch {batch} is committed: this task belongs to a driver the query has moved past (a "
             "zombie, such as a frozen driver resumed after another took over the checkpoint). It stands down "
             "without sending anything; stop that driver")
+    release_committed_batches(wal, query_id, batch, attempts)

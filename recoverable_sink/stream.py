@@ -50,7 +50,6 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
         from recoverable_sink.task import write_partition
-        from recoverable_sink.wal import open_wal, release_committed_batches
 
         ctx = TaskContext.get()
         assert ctx is not None, "write() runs inside a Spark task"
@@ -63,8 +62,6 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
                 "writeStream query, or use df.write with wal.writeId inside foreachBatch"
             )
         batch = int(batch_id)
-        if self.options.wal_enabled:
-            release_committed_batches(open_wal(self.options.resolved_wal_path()), query_id, batch)
         ident = TaskIdentity(write_id=stream_write_id(query_id, batch), partition=ctx.partitionId(),
                              attempt=ctx.attemptNumber(), kind="stream",
                              extra={"query_id": query_id, "batch_id": batch, "task_attempt_id": ctx.taskAttemptId(),

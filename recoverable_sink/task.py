@@ -19,7 +19,7 @@ from recoverable_sink.exactly_once_writer import ExactlyOnceWriter
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.producer import SinkProducer
 from recoverable_sink.records import SchemaPlan
-from recoverable_sink.rerun import refuse_stale_micro_batch
+from recoverable_sink.rerun import settle_micro_batches
 from recoverable_sink.spark_input import InputEnd
 from recoverable_sink.wal import open_wal
 from recoverable_sink.writer import AtLeastOnceWriter
@@ -30,10 +30,11 @@ __all__ = ["AtLeastOnceWriter", "ExactlyOnceWriter", "open_writer", "write_parti
 def open_writer(options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
                 faults: FaultPlan | None = None, producer: SinkProducer | None = None) -> AtLeastOnceWriter:
     """A started writer for ``options.guarantee``. ``producer`` replaces the pooled one (at_least_once only: an
-    exactly_once attempt always makes its own transactional producer). A zombie's micro-batch stands down first,
-    before any producer fences the query's current one."""
+    exactly_once attempt always makes its own transactional producer). A micro-batch's task first settles the
+    query's logs on this host: a zombie's stands down before any producer fences the query's current one, and
+    the logs of committed micro-batches go."""
     if options.wal_enabled and ident.kind == "stream":
-        refuse_stale_micro_batch(open_wal(options.resolved_wal_path()), ident)
+        settle_micro_batches(open_wal(options.resolved_wal_path()), ident)
     if options.exactly_once:
         return ExactlyOnceWriter(options, plan, ident, cluster_id, faults).start()
     return AtLeastOnceWriter(options, plan, ident, cluster_id, faults, producer).start()

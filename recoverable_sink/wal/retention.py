@@ -88,12 +88,19 @@ def release_generated_proof(wal: Wal, grace_s: float, now: float | None = None) 
     return len(done)
 
 
-def release_committed_batches(wal: Wal, query_id: str, batch_id: int) -> int:
+def micro_batch_attempts(wal: Wal, query_id: str) -> list[AttemptInfo]:
+    """The attempts of every micro-batch of ``query_id`` logged here."""
+    return [a for a in wal.attempts(f"{query_id}-b") if a.extra.get("query_id") == query_id]
+
+
+def release_committed_batches(wal: Wal, query_id: str, batch_id: int,
+                              attempts: list[AttemptInfo] | None = None) -> int:
     """Remove the logs of micro-batches of ``query_id`` before ``batch_id``: Spark starts a batch only after
     every earlier one is in the query's commit log, so their proof of delivery is no longer needed (and any
-    payload left by a failed attempt was delivered by the attempt that succeeded). Returns attempts removed."""
-    stale = [a.key for a in wal.attempts(f"{query_id}-b")
-             if a.extra.get("query_id") == query_id and int(str(a.extra.get("batch_id", batch_id))) < batch_id]
+    payload left by a failed attempt was delivered by the attempt that succeeded). ``attempts``: the query's, as
+    :func:`micro_batch_attempts` read them (read here when not given). Returns attempts removed."""
+    found = micro_batch_attempts(wal, query_id) if attempts is None else attempts
+    stale = [a.key for a in found if int(str(a.extra.get("batch_id", batch_id))) < batch_id]
     if stale:
         freed = wal.purge(stale)
         log.debug("WAL %s: released %d attempt log(s) of committed micro-batches of query %s (%d payload bytes)",
