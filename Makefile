@@ -19,7 +19,7 @@ $(STAMP_JARS): FORCE
 endif
 FORCE:
 
-$(STAMP_PY): pyproject.toml $(wildcard recoverable_sink/*.c recoverable_sink/*.h)
+$(STAMP_PY): pyproject.toml $(wildcard recoverable_sink/native/*.c recoverable_sink/native/*.h)
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	@# The editable install is a plain path entry to the repository, which pkgutil.iter_modules() (Spark's

@@ -25,9 +25,9 @@ import uuid
 import pyarrow as pa
 
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
+from recoverable_sink.executor.records import SchemaPlan
+from recoverable_sink.executor.task import write_partition
 from recoverable_sink.options import parse_options
-from recoverable_sink.records import SchemaPlan
-from recoverable_sink.task import write_partition
 from testing.kafka_local import REPO, KafkaCluster
 
 ROWS = int(os.environ.get("PROFILE_ROWS", "300000"))

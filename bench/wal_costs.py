@@ -25,11 +25,11 @@ from collections.abc import Callable
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from recoverable_sink.confluent_producer import produce
+from recoverable_sink.executor.records import SchemaPlan, normalise, to_records
 from recoverable_sink.identity import record_digests
-from recoverable_sink.native_producer import NativeProducer, native_module
-from recoverable_sink.records import SchemaPlan, normalise, to_records
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.producer.confluent import produce
+from recoverable_sink.producer.native import NativeProducer, native_module
+from recoverable_sink.producer.tracker import DeliveryTracker
 from recoverable_sink.wal import Wal, open_wal
 
 ROWS = int(os.environ.get("WAL_COSTS_ROWS", "10000"))  # spark.sql.execution.arrow.maxRecordsPerBatch's default

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from recoverable_sink.deployment import POINT_WORKERS, missing_here
+from recoverable_sink.driver.deployment import POINT_WORKERS, missing_here
 
 _missing = missing_here()
 if _missing:  # said here, in Spark's workers too, rather than as a bare "No module named" further in
@@ -29,7 +29,7 @@ from recoverable_sink.errors import (  # noqa: E402
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from recoverable_sink.source import RecoverableKafkaDataSource
+    from recoverable_sink.driver.source import RecoverableKafkaDataSource
 
 __all__ = [
     "DeliveryError",
@@ -56,8 +56,8 @@ def register(spark: SparkSession) -> None:
     - with ``spark-submit --py-files``: Spark's own search does not look inside the shipped archives;
     - wherever Spark reports DATA_SOURCE_NOT_FOUND: on a local master this first checks that the Python Spark
       starts for its workers can import the sink, and if not says which Python that is and what to set."""
-    from recoverable_sink.deployment import check_worker_python
-    from recoverable_sink.source import RecoverableKafkaDataSource
+    from recoverable_sink.driver.deployment import check_worker_python
+    from recoverable_sink.driver.source import RecoverableKafkaDataSource
 
     jvm = getattr(spark, "_jvm", None)
     if jvm is not None:  # a classic session: its workers' Python is Spark's to start (Connect: the server's)
@@ -75,7 +75,7 @@ def register(spark: SparkSession) -> None:
 def __getattr__(name: str) -> object:
     # Imported on first use so that the recoverable-kafka-wal CLI, which needs no Spark, never imports pyspark.
     if name == "RecoverableKafkaDataSource":
-        from recoverable_sink.source import RecoverableKafkaDataSource
+        from recoverable_sink.driver.source import RecoverableKafkaDataSource
 
         return RecoverableKafkaDataSource
     raise AttributeError(f"module 'recoverable_sink' has no attribute {name!r}")

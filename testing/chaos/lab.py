@@ -148,7 +148,7 @@ def short_error(exc: BaseException) -> str:
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     """The ``recoverable-kafka-wal`` command line, run from the repository."""
-    return subprocess.run([sys.executable, "-m", "recoverable_sink.cli", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "recoverable_sink.ops.cli", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 
 

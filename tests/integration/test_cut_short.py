@@ -54,7 +54,7 @@ def test_a_partition_whose_input_the_jvm_cut_short_is_never_committed(spark, kaf
     assert attempts and all(a.state != LOGGED for a in attempts), [a.state for a in attempts]
     if mode == "at_least_once":
         # replay trusts only a fully logged partition: it must refuse this one, not report success.
-        replay = subprocess.run([sys.executable, "-m", "recoverable_sink.cli", "replay", "--path", str(wal),
+        replay = subprocess.run([sys.executable, "-m", "recoverable_sink.ops.cli", "replay", "--path", str(wal),
                                  "--write-id", write_id, "--bootstrap-servers", kafka.bootstrap_servers],
                                 capture_output=True, text=True, timeout=120)
         assert replay.returncode != 0, replay.stdout + replay.stderr

@@ -10,12 +10,12 @@ from pyspark.sql import functions as F
 
 from recoverable_sink import RecoverableKafkaDataSource
 from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.driver.preflight import check_cluster
 from recoverable_sink.errors import DeliveryError
+from recoverable_sink.executor.records import SchemaPlan
+from recoverable_sink.executor.task import open_writer
 from recoverable_sink.identity import Fingerprint
 from recoverable_sink.options import parse_options
-from recoverable_sink.preflight import check_cluster
-from recoverable_sink.records import SchemaPlan
-from recoverable_sink.task import open_writer
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.spark import sink_stream_writer, sink_writer
 
@@ -29,7 +29,7 @@ def registered(spark):
 
 def _markers(kafka, groups):
     """The groups among ``groups`` that hold a committed offset (a commit marker)."""
-    from recoverable_sink.transactions import read_markers
+    from recoverable_sink.producer.transactions import read_markers
 
     options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers})
     return [group for group in groups if read_markers(options, group, None)]
@@ -196,8 +196,8 @@ def test_a_commit_marker_reads_back_whole_whichever_producer_wrote_it(kafka, new
     """The marker's metadata is stored with its trailing NUL, as confluent-kafka writes it and its readers expect
     (they read up to the NUL): written without it, a retry read whatever followed in memory as part of the
     marker (undecodable metadata in 4 of 6 runs of the cut-short test above)."""
-    from recoverable_sink.native_producer import NativeProducer
-    from recoverable_sink.transactions import PartitionTransaction
+    from recoverable_sink.producer.native import NativeProducer
+    from recoverable_sink.producer.transactions import PartitionTransaction
 
     topic = new_topic(1)
     options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
@@ -275,7 +275,7 @@ def test_the_cli_lists_and_aborts_a_transaction_a_dead_job_left_open(kafka, new_
     assert read_topic(kafka.bootstrap_servers, topic, 5) == []  # held back behind the open transaction
 
     def cli(*extra):
-        out = subprocess.run([sys.executable, "-m", "recoverable_sink.cli", "transactions", "--prefix", prefix,
+        out = subprocess.run([sys.executable, "-m", "recoverable_sink.ops.cli", "transactions", "--prefix", prefix,
                               "--bootstrap-servers", kafka.bootstrap_servers, "--json", *extra],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
@@ -293,7 +293,7 @@ def test_the_cli_lists_and_aborts_a_transaction_a_dead_job_left_open(kafka, new_
 def test_a_query_partition_whose_batches_went_to_two_topics_finds_its_own_batch_marker(kafka, new_topic, tmp_path):
     """A query's micro-batches share a partition's marker group, which then holds a marker per topic: a re-run of
     batch 2 (rows naming topic B) must find batch 2's marker, not batch 1's (topic A, listed first)."""
-    from recoverable_sink.transactions import PartitionTransaction
+    from recoverable_sink.producer.transactions import PartitionTransaction
 
     first, second = sorted([new_topic(1), new_topic(1)])
     options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, **EO,

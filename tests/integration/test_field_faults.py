@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
+from recoverable_sink.driver.preflight import check_transactions
 from recoverable_sink.options import parse_options
-from recoverable_sink.preflight import check_transactions
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.kafka_local import REPO, KafkaCluster
 from testing.spark import python_env

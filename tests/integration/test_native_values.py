@@ -10,10 +10,10 @@ from collections.abc import Callable
 import pyarrow as pa
 import pytest
 
-from recoverable_sink import native_producer
-from recoverable_sink.delivery import wait_for_acks
-from recoverable_sink.native_producer import NativeProducer
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.producer import native as native_producer
+from recoverable_sink.producer.delivery import wait_for_acks
+from recoverable_sink.producer.native import NativeProducer
+from recoverable_sink.producer.tracker import DeliveryTracker
 from testing.kafka_check import read_topic
 from testing.kafka_local import KafkaCluster
 

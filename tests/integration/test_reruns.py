@@ -13,9 +13,9 @@ from pyspark.sql import functions as F
 
 from recoverable_sink.contract import TaskIdentity, new_run_id, stream_write_id
 from recoverable_sink.errors import InputCutShortError, StaleAttemptError
+from recoverable_sink.executor.records import SchemaPlan
+from recoverable_sink.executor.task import open_writer
 from recoverable_sink.options import parse_options
-from recoverable_sink.records import SchemaPlan
-from recoverable_sink.task import open_writer
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.kafka_check import count_topic
 from testing.kafka_local import KafkaCluster
@@ -84,7 +84,7 @@ def _write(options, ident, cluster_id, batch):
 def test_a_zombie_micro_batch_sends_nothing_once_a_later_one_ran(kafka, new_topic, tmp_path, mode):
     """A driver frozen while micro-batch 1's task starts, resumed after another driver committed batches 1 and 2
     from the same checkpoint: its task of batch 1 must stand down before sending."""
-    from recoverable_sink.preflight import check_cluster
+    from recoverable_sink.driver.preflight import check_cluster
 
     topic = new_topic(1)
     options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic,
@@ -111,7 +111,7 @@ def test_a_zombie_micro_batch_sends_nothing_once_a_later_one_ran(kafka, new_topi
 def test_a_stale_attempt_of_an_earlier_run_sends_nothing_once_a_newer_run_wrote(kafka, new_topic, tmp_path, mode):
     """A batch write's task that starts late, after a re-run (a newer run of the same wal.writeId) wrote its
     partition: it stands down (under exactly_once by the newer run's marker, at_least_once by its WAL entry)."""
-    from recoverable_sink.preflight import check_cluster
+    from recoverable_sink.driver.preflight import check_cluster
 
     topic = new_topic(1)
     options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic,
@@ -145,7 +145,7 @@ def test_a_replay_to_the_wrong_cluster_is_refused_and_never_counts_as_delivered(
     """A write to cluster A fails with every record logged (A went down). `replay` aimed at cluster B is refused,
     naming both ids; forced with --allow-other-cluster it copies the records to B but records nothing, so the
     re-run against A still delivers every record there."""
-    from recoverable_sink.preflight import check_cluster
+    from recoverable_sink.driver.preflight import check_cluster
 
     topic = f"wrong-{uuid.uuid4().hex[:8]}"
     kafka_a.create_topic(topic, 1)
@@ -168,7 +168,7 @@ def test_a_replay_to_the_wrong_cluster_is_refused_and_never_counts_as_delivered(
         writer.abort()
 
     def replay(*extra):
-        return subprocess.run([sys.executable, "-m", "recoverable_sink.cli", "replay", "--path", str(wal),
+        return subprocess.run([sys.executable, "-m", "recoverable_sink.ops.cli", "replay", "--path", str(wal),
                                "--write-id", "to-a", "--bootstrap-servers", kafka.bootstrap_servers, *extra],
                               capture_output=True, text=True, timeout=180)
 

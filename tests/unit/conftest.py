@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from recoverable_sink.pool import producers
+from recoverable_sink.producer.pool import producers
 from recoverable_sink.wal import close_wals
 
 

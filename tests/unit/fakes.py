@@ -10,7 +10,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from recoverable_sink.confluent_producer import RecordsSender
+from recoverable_sink.producer.confluent import RecordsSender
 
 
 @dataclass

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from recoverable_sink.confluent_producer import produce
 from recoverable_sink.errors import RecordError
-from recoverable_sink.records import KafkaRecords
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.executor.records import KafkaRecords
+from recoverable_sink.producer.confluent import produce
+from recoverable_sink.producer.tracker import DeliveryTracker
 from tests.unit.fakes import FakeProducer, Sent
 
 

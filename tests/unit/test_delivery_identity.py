@@ -9,15 +9,15 @@ import random
 import pyarrow as pa
 import pytest
 
-from recoverable_sink import writer as writer_module
 from recoverable_sink.contract import TaskIdentity
-from recoverable_sink.delivery import serve
 from recoverable_sink.errors import DeliveryError, FatalProducerError, WalFullError
+from recoverable_sink.executor import writer as writer_module
+from recoverable_sink.executor.records import SchemaPlan
+from recoverable_sink.executor.task import open_writer
 from recoverable_sink.identity import record_digests
+from recoverable_sink.ops.replay import NotFullyLogged, replay_partition
 from recoverable_sink.options import parse_options
-from recoverable_sink.records import SchemaPlan
-from recoverable_sink.replay import NotFullyLogged, replay_partition
-from recoverable_sink.task import open_writer
+from recoverable_sink.producer.delivery import serve
 from recoverable_sink.wal import DONE, LOGGED, OPEN, open_wal
 from tests.unit.fakes import FakeProducer
 
@@ -221,7 +221,7 @@ def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_
     writer.checkpoint(wait_s=1.0, sync=False)  # all 300 acknowledged; their save fails on the WAL's thread
     with pytest.raises(OSError, match="No space left"):
         writer.commit()
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.task"):
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.executor.task"):
         writer.abort()
     assert len(calls) == 2 and not caplog.records  # saved again, and no warning about a save that worked
     second = FakeProducer()
@@ -278,8 +278,8 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
     content came back in a failure report: a drain marks records 0 and 2 only."""
     from confluent_kafka import KafkaError
 
-    from recoverable_sink.records import KafkaRecords
-    from recoverable_sink.tracker import DeliveryTracker, Handed
+    from recoverable_sink.executor.records import KafkaRecords
+    from recoverable_sink.producer.tracker import DeliveryTracker, Handed
     from tests.unit.fakes import Sent, _Msg
 
     values = [b"a", b"b", b"c", b"d", b"e"]
@@ -295,7 +295,7 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
 def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
     """A fenced transactional producer's flush can fail with a bare SystemError: the task must fail as on
     any fatal producer error (its acknowledgements are kept, the producer dropped), not on an odd type."""
-    from recoverable_sink.producer import fatal_errors
+    from recoverable_sink.producer.protocol import fatal_errors
 
     with pytest.raises(FatalProducerError, match="fatal producer error: the client failed without naming it"):
         with fatal_errors():
@@ -304,15 +304,15 @@ def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
 
 
 def _records(values: list[bytes]) -> tuple:
-    from recoverable_sink.records import KafkaRecords
-    from recoverable_sink.tracker import DeliveryTracker
+    from recoverable_sink.executor.records import KafkaRecords
+    from recoverable_sink.producer.tracker import DeliveryTracker
 
     records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
     return records, DeliveryTracker()
 
 
 def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_once_in_order():
-    from recoverable_sink.confluent_producer import produce
+    from recoverable_sink.producer.confluent import produce
 
     values = [b"%d" % i for i in range(10)]
     records, tracker = _records(values)
@@ -326,8 +326,8 @@ def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_onc
 
 @pytest.mark.parametrize("skip", [None, [False, True, False, False, False]], ids=["all", "one-skipped"])
 def test_a_record_the_producer_refuses_midway_is_named_and_only_those_before_it_count_as_handed_over(skip):
-    from recoverable_sink.confluent_producer import produce
     from recoverable_sink.errors import RecordError
+    from recoverable_sink.producer.confluent import produce
 
     records, tracker = _records([b"a", b"b", b"c", b"d", b"e"])
     producer = FakeProducer(refuse=b"d")

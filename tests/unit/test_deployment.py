@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from recoverable_sink.deployment import check_worker_python, missing_here
+from recoverable_sink.driver.deployment import check_worker_python, missing_here
 from recoverable_sink.errors import OptionError, sentence_first
 
 

@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from recoverable_sink import native_producer
-from recoverable_sink.confluent_producer import ConfluentProducer
-from recoverable_sink.native_producer import NativeProducer
+from recoverable_sink.producer import native as native_producer
+from recoverable_sink.producer.confluent import ConfluentProducer
+from recoverable_sink.producer.native import NativeProducer
 
 NOBODY = {"bootstrap.servers": "127.0.0.1:1", "reconnect.backoff.ms": "50"}  # nothing listens on port 1
 

@@ -12,7 +12,7 @@ _SCRIPT = r"""
 import ctypes, pathlib, sys
 import confluent_kafka
 from recoverable_sink.options import parse_options
-from recoverable_sink.transactions import group_offsets
+from recoverable_sink.producer.transactions import group_offsets
 
 libdir = pathlib.Path(confluent_kafka.__file__).resolve().parent.parent / "confluent_kafka.libs"
 lib = ctypes.CDLL(str(sorted(libdir.glob("librdkafka*.so*"))[0]))  # the instance confluent-kafka loaded

@@ -9,12 +9,12 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from recoverable_sink import native_producer
-from recoverable_sink.delivery import drain, wait_for_acks
 from recoverable_sink.errors import RecordError
-from recoverable_sink.native_producer import NativeProducer
-from recoverable_sink.records import producer_columns
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.executor.records import producer_columns
+from recoverable_sink.producer import native as native_producer
+from recoverable_sink.producer.delivery import drain, wait_for_acks
+from recoverable_sink.producer.native import NativeProducer
+from recoverable_sink.producer.tracker import DeliveryTracker
 
 pytestmark = pytest.mark.skipif(native_producer.native_module() is None,
                                 reason="the _produce extension is not built here (no C compiler at install)")

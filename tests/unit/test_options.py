@@ -109,7 +109,7 @@ def test_exactly_once_gets_a_transaction_timeout_and_a_prefix():
     options = parse_options({**BASE, "delivery.guarantee": "EXACTLY_ONCE", "transactional.id.prefix": "team-a."})
     assert options.exactly_once
     assert options.producer_config()["transaction.timeout.ms"] == "900000"
-    from recoverable_sink.transactions import transactional_id
+    from recoverable_sink.producer.transactions import transactional_id
     assert transactional_id(options, "w", 7) == "team-a.w-7"
 
 

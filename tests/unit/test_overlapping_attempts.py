@@ -13,7 +13,7 @@ import pytest
 
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
-from recoverable_sink.task import open_writer
+from recoverable_sink.executor.task import open_writer
 from recoverable_sink.wal import open_wal
 from tests.unit.fakes import FakeProducer
 from tests.unit.test_delivery_identity import PLAN, batches, options, rows
@@ -65,7 +65,7 @@ def test_a_retry_waits_for_an_earlier_attempt_still_sending_then_skips_what_kafk
 _BEGIN_AND_DIE = """
 import os, sys
 from recoverable_sink.contract import TaskIdentity
-from recoverable_sink.task import open_writer
+from recoverable_sink.executor.task import open_writer
 from tests.unit.fakes import FakeProducer
 from tests.unit.test_delivery_identity import PLAN, options
 open_writer(options(sys.argv[1]), PLAN, TaskIdentity("w", 0, 1, extra={"task_attempt_id": 7, "run": sys.argv[2]}),

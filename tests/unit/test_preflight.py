@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from recoverable_sink.driver.preflight import check_cluster
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import parse_options, short_lived
-from recoverable_sink.preflight import check_cluster
 from testing.kafka_local import free_port
 
 
@@ -25,7 +25,7 @@ def test_the_topic_questions_sent_ahead_print_nothing_and_wait_no_longer_when_br
 
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    from recoverable_sink.source import RecoverableKafkaDataSource
+    from recoverable_sink.driver.source import RecoverableKafkaDataSource
 
     source = RecoverableKafkaDataSource({"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}", "topic": "t",
                                          "preflight.timeoutMs": "1000"})

@@ -14,7 +14,7 @@ from confluent_kafka import KafkaError
 
 import recoverable_sink
 
-OURS = Path(recoverable_sink.__file__).parent / "_rdkafka_api.h"
+OURS = Path(recoverable_sink.__file__).parent / "native" / "_rdkafka_api.h"
 
 # Every field _produce.c reads or fills, and the size of every struct it uses as an array.
 _PROBES = [

@@ -5,7 +5,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from recoverable_sink.errors import RecordError
-from recoverable_sink.records import SchemaPlan, check_batch, normalise, to_records
+from recoverable_sink.executor.records import SchemaPlan, check_batch, normalise, to_records
 
 
 def counts(topic: str) -> int:
@@ -90,7 +90,7 @@ def test_normalise_drops_the_topic_column_under_the_option_and_keeps_millisecond
 
 
 def test_header_lists_give_none_for_a_record_without_headers_and_keep_the_pairs_of_the_others():
-    from recoverable_sink.records import _header_lists
+    from recoverable_sink.executor.records import _header_lists
 
     header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
     headers = pa.array([[], None, [{"key": "a", "value": b"1"}, {"key": "a", "value": None}], []], header_type)
@@ -105,7 +105,7 @@ def test_the_quick_size_bound_is_never_below_a_records_exact_size():
 
     import pyarrow.compute as pc
 
-    from recoverable_sink.records import _largest_record_bound, _record_sizes
+    from recoverable_sink.executor.records import _largest_record_bound, _record_sizes
 
     rng = random.Random(7)
 
@@ -139,11 +139,11 @@ def test_extra_columns_are_left_out_of_the_plan_with_one_warning(caplog):
 
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from recoverable_sink.schema import plan_schema
+    from recoverable_sink.driver.schema import plan_schema
 
     schema = StructType([StructField("value", StringType()), StructField("extra", LongType()),
                          StructField("other", StringType())])
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.schema"):
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.driver.schema"):
         plan = plan_schema(schema, "t")
     assert plan.columns == ("value",)
     assert [r.getMessage().split(" are not")[0] for r in caplog.records] == ["column(s) extra, other"]

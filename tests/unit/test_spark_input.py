@@ -5,7 +5,7 @@ import io
 
 import pytest
 
-from recoverable_sink.spark_input import END_OF_STREAM, InputEnd, how_input_ended
+from recoverable_sink.executor.spark_input import END_OF_STREAM, InputEnd, how_input_ended
 
 
 def _as_pyspark_worker(infile):

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from recoverable_sink import attempt_log, task, transactions
-from recoverable_sink.confluent_producer import RecordsSender
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError
+from recoverable_sink.executor import attempt_log, task
+from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.options import parse_options
-from recoverable_sink.records import SchemaPlan
+from recoverable_sink.producer import transactions
+from recoverable_sink.producer.confluent import RecordsSender
 
 OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t", "delivery.guarantee": "exactly_once"}
 

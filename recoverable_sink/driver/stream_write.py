@@ -16,10 +16,10 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id, stream_write_id
+from recoverable_sink.driver.summary import log_abort, log_commit, summarize, write_summary
 from recoverable_sink.errors import RecoverableSinkError, sentence_first
+from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.records import SchemaPlan
-from recoverable_sink.summary import log_abort, log_commit, summarize, write_summary
 
 try:
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamArrowWriter
@@ -48,8 +48,8 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
             return self._write(iterator)
 
     def _write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
-        from recoverable_sink.task import write_partition
+        from recoverable_sink.executor.spark_input import how_input_ended  # executor-side code, imported where it runs
+        from recoverable_sink.executor.task import write_partition
 
         ctx = TaskContext.get()
         assert ctx is not None, "write() runs inside a Spark task"

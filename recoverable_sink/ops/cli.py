@@ -36,8 +36,8 @@ from typing import TextIO
 
 from recoverable_sink._logging import configure, get_logger
 from recoverable_sink.errors import RecoverableSinkError
+from recoverable_sink.ops.replay import ReplayCounts, replay_write
 from recoverable_sink.options import is_sensitive
-from recoverable_sink.replay import ReplayCounts, replay_write
 from recoverable_sink.wal import AttemptInfo, Wal, open_wal
 
 log = get_logger("cli")
@@ -277,7 +277,7 @@ def producer_settings(args: argparse.Namespace, environ: dict[str, str]) -> dict
 
 
 def _transactions(args: argparse.Namespace) -> int:
-    from recoverable_sink.lingering import abort, transactions
+    from recoverable_sink.ops.lingering import abort, transactions
 
     client = {k.removeprefix("kafka."): v for k, v in producer_settings(args, dict(os.environ)).items()}
     found = transactions(client, args.prefix)

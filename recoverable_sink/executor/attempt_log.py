@@ -16,9 +16,9 @@ import pyarrow as pa
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import TaskIdentity, later_run
 from recoverable_sink.errors import InputCutShortError
+from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns, earlier_run_attempts
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.rerun import EarlierRuns, NoEarlierRuns, earlier_run_attempts
 from recoverable_sink.wal import (
     DONE,
     LOGGED,

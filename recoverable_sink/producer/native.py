@@ -16,9 +16,9 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.producer import fatal_errors, refused
-from recoverable_sink.records import producer_columns
-from recoverable_sink.tracker import DeliveryTracker, Handed
+from recoverable_sink.executor.records import producer_columns
+from recoverable_sink.producer.protocol import fatal_errors, refused
+from recoverable_sink.producer.tracker import DeliveryTracker, Handed
 
 log = get_logger("delivery")
 _librdkafka_log = get_logger("librdkafka")  # librdkafka's own lines; confluent_producer routes its own there too

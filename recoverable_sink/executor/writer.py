@@ -12,7 +12,7 @@ The protocol, per (write id, partition):
    acknowledged everything it is ``done`` and keeps only digests, as proof of delivery until the write is
    certainly committed. On any failure, :meth:`~AtLeastOnceWriter.abort`.
 
-:class:`recoverable_sink.exactly_once_writer.ExactlyOnceWriter` extends it with the partition's transaction.
+:class:`recoverable_sink.executor.exactly_once_writer.ExactlyOnceWriter` extends it with the partition's transaction.
 Neither needs Spark: a test drives them with plain Arrow batches.
 """
 
@@ -32,17 +32,17 @@ import pyarrow as pa
 
 from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
-from recoverable_sink.attempt_log import Acks, NoLog, open_log
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
-from recoverable_sink.delivery import delivery_timeout_s, serve, wait_for_acks
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
+from recoverable_sink.executor.attempt_log import Acks, NoLog, open_log
+from recoverable_sink.executor.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
+from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, split
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.pool import producers
-from recoverable_sink.producer import SinkProducer
-from recoverable_sink.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
-from recoverable_sink.rerun import EarlierRuns, NoEarlierRuns
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.producer.delivery import delivery_timeout_s, serve, wait_for_acks
+from recoverable_sink.producer.pool import producers
+from recoverable_sink.producer.protocol import SinkProducer
+from recoverable_sink.producer.tracker import DeliveryTracker
 from recoverable_sink.wal import DONE
 
 log = get_logger("task")
@@ -118,7 +118,7 @@ W = TypeVar("W", bound="AtLeastOnceWriter")
 class AtLeastOnceWriter:
     """Writes one partition: :meth:`start`, :meth:`write` for each Arrow batch, then :meth:`commit` (returns the
     commit message) or, on any failure, :meth:`abort`. Shaped like Spark's ``KafkaDataWriter`` and Flink's
-    ``SinkWriter``; the Spark writers go through :func:`recoverable_sink.task.write_partition`.
+    ``SinkWriter``; the Spark writers go through :func:`recoverable_sink.executor.task.write_partition`.
 
     One batch ahead: the fsynced WAL commit of batch k+1 runs on a thread while batch k is produced (LMDB
     and Arrow release the GIL); batch k+1 is produced only after its own commit returned, and once a WAL

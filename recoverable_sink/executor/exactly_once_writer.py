@@ -1,7 +1,7 @@
 """The exactly-once partition writer (executor): the at-least-once protocol inside one Kafka transaction per
 partition attempt, committed with a marker that names the attempts whose transactions hold the partition.
 
-What changes against :class:`~recoverable_sink.writer.AtLeastOnceWriter`:
+What changes against :class:`~recoverable_sink.executor.writer.AtLeastOnceWriter`:
 - the producer is the partition's own transactional one; opening it fences every earlier attempt on any host,
   and its marker says whether one of them already committed the partition (then the input is only counted);
 - under transactions an earlier attempt's records count only if its transaction committed, so the WAL's
@@ -16,17 +16,17 @@ import time
 import pyarrow as pa
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.attempt_log import attempt_name
 from recoverable_sink.contract import SinkCommitMessage
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError, RerunRefusedError
+from recoverable_sink.executor.attempt_log import attempt_name
+from recoverable_sink.executor.records import normalise
+from recoverable_sink.executor.rerun import run_of
+from recoverable_sink.executor.writer import AtLeastOnceWriter, Phase, final_wait_s
 from recoverable_sink.identity import record_digests
-from recoverable_sink.marker import Marker
-from recoverable_sink.producer import SinkProducer
-from recoverable_sink.records import normalise
-from recoverable_sink.rerun import run_of
-from recoverable_sink.transactions import PartitionTransaction, read_markers, transactional_id
+from recoverable_sink.producer.marker import Marker
+from recoverable_sink.producer.protocol import SinkProducer
+from recoverable_sink.producer.transactions import PartitionTransaction, read_markers, transactional_id
 from recoverable_sink.wal import DONE, AttemptInfo
-from recoverable_sink.writer import AtLeastOnceWriter, Phase, final_wait_s
 
 log = get_logger("task")
 

@@ -1,7 +1,7 @@
 """The producer interface (executor): what the writers, the transactions and replay ask of a Kafka producer, and
 how a librdkafka error becomes the sink's error kind. Two implementations stand behind it:
-:mod:`recoverable_sink.native_producer` (the ``_produce`` C extension) and
-:mod:`recoverable_sink.confluent_producer` (confluent-kafka's ``Producer``). librdkafka does the retrying
+:mod:`recoverable_sink.producer.native` (the ``_produce`` C extension) and
+:mod:`recoverable_sink.producer.confluent` (confluent-kafka's ``Producer``). librdkafka does the retrying
 (until ``delivery.timeout.ms``), the idempotent ordering and the murmur2 partitioning in both.
 """
 
@@ -15,7 +15,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException
 
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.producer.tracker import DeliveryTracker
 
 
 class SinkProducer(Protocol):

@@ -2,7 +2,7 @@
 refuse (the one home of record validation), and turn columns into producer arguments.
 
 No pyspark import here: the ``recoverable-kafka-wal`` CLI uses this module too. The driver-side check of the
-DataFrame schema is in :mod:`recoverable_sink.schema`.
+DataFrame schema is in :mod:`recoverable_sink.driver.schema`.
 """
 
 from __future__ import annotations

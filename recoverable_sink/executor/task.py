@@ -2,8 +2,8 @@
 input, committed only if the input ended as Spark ends a finished partition.
 
 Shared by the batch and the streaming writer; only the identity differs (write id vs query/batch id). The
-protocol itself is in :mod:`recoverable_sink.writer` (at_least_once) and
-:mod:`recoverable_sink.exactly_once_writer`.
+protocol itself is in :mod:`recoverable_sink.executor.writer` (at_least_once) and
+:mod:`recoverable_sink.executor.exactly_once_writer`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import pyarrow as pa
 from recoverable_sink._faults import FaultPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
-from recoverable_sink.exactly_once_writer import ExactlyOnceWriter
+from recoverable_sink.executor.exactly_once_writer import ExactlyOnceWriter
+from recoverable_sink.executor.records import SchemaPlan
+from recoverable_sink.executor.rerun import settle_micro_batches
+from recoverable_sink.executor.spark_input import InputEnd
+from recoverable_sink.executor.writer import AtLeastOnceWriter
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.producer import SinkProducer
-from recoverable_sink.records import SchemaPlan
-from recoverable_sink.rerun import settle_micro_batches
-from recoverable_sink.spark_input import InputEnd
+from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.wal import open_wal
-from recoverable_sink.writer import AtLeastOnceWriter
 
 __all__ = ["AtLeastOnceWriter", "ExactlyOnceWriter", "open_writer", "write_partition"]
 
@@ -44,8 +44,8 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
                     ident: TaskIdentity, cluster_id: str,
                     input_end: Callable[[], InputEnd] = lambda: InputEnd.UNKNOWN) -> SinkCommitMessage:
     """Write one partition: commit once the input ended normally, abort on any failure. ``input_end`` says how
-    the input ended (:func:`recoverable_sink.spark_input.how_input_ended` in a Spark task): a cut-short input is
-    a failure, so that no part of a partition is ever committed or marked fully logged."""
+    the input ended (:func:`~recoverable_sink.executor.spark_input.how_input_ended` in a Spark task): a cut-short
+    input is a failure, so that no part of a partition is ever committed or marked fully logged."""
     writer = open_writer(options, plan, ident, cluster_id, options.faults)
     try:
         for batch in batches:

@@ -21,7 +21,7 @@ from pyspark.sql.types import (
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import SchemaError
-from recoverable_sink.records import COLUMNS, SchemaPlan
+from recoverable_sink.executor.records import COLUMNS, SchemaPlan
 
 log = get_logger("schema")
 

@@ -304,7 +304,7 @@ def check_transactions(options: SinkOptions) -> None:
         _close_quietly(producer, options)
     # The tasks' marker read, retries and all: a coordinator still loading (COORDINATOR_LOAD_IN_PROGRESS on a
     # freshly started broker) is asked again within preflight.timeoutMs.
-    from recoverable_sink.transactions import group_offsets
+    from recoverable_sink.producer.transactions import group_offsets
 
     try:
         group_offsets(options, probe, [options.topic] if options.topic else None, timeout_s)

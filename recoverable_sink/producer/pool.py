@@ -12,11 +12,11 @@ from typing import Any
 from confluent_kafka import KafkaException
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.confluent_producer import ConfluentProducer
 from recoverable_sink.errors import DeliveryError
-from recoverable_sink.native_producer import NativeProducer, native_module
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.producer import SinkProducer
+from recoverable_sink.producer.confluent import ConfluentProducer
+from recoverable_sink.producer.native import NativeProducer, native_module
+from recoverable_sink.producer.protocol import SinkProducer
 
 log = get_logger("delivery")
 

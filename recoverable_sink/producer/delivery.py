@@ -1,8 +1,8 @@
 """Acknowledgements learnt at drains (executor): serve a producer's reports, wait for its queue to empty, and
-tell the task's :class:`~recoverable_sink.tracker.DeliveryTracker` what Kafka acknowledged.
+tell the task's :class:`~recoverable_sink.producer.tracker.DeliveryTracker` what Kafka acknowledged.
 
 The task drains every checkpoint interval and at its end, so it knows as much as a per-record report would have
-told it at its checkpoints (see :mod:`recoverable_sink.tracker`).
+told it at its checkpoints (see :mod:`recoverable_sink.producer.tracker`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.producer import SinkProducer, fatal_errors
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.producer.protocol import SinkProducer, fatal_errors
+from recoverable_sink.producer.tracker import DeliveryTracker
 
 _DEFAULT_DELIVERY_TIMEOUT_MS = 300_000  # librdkafka's default message.timeout.ms
 

@@ -14,10 +14,10 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id
+from recoverable_sink.driver.summary import log_abort, log_commit, summarize, wal_location, write_summary
 from recoverable_sink.errors import sentence_first
+from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.records import SchemaPlan
-from recoverable_sink.summary import log_abort, log_commit, summarize, wal_location, write_summary
 
 log = get_logger("batch")
 
@@ -40,8 +40,8 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         self.run_id = new_run_id()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        from recoverable_sink.spark_input import how_input_ended  # executor-side code, imported where it runs
-        from recoverable_sink.task import write_partition
+        from recoverable_sink.executor.spark_input import how_input_ended  # executor-side code, imported where it runs
+        from recoverable_sink.executor.task import write_partition
 
         ctx = TaskContext.get()
         assert ctx is not None, "write() runs inside a Spark task"
@@ -61,7 +61,7 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
             if self.options.exactly_once:
                 # A generated id is never re-run: its markers are of no further use. Under wal.writeId they stay
                 # (a re-run of a committed write then sends nothing) until offsets.retention.minutes.
-                from recoverable_sink.transactions import delete_markers, marker_groups
+                from recoverable_sink.producer.transactions import delete_markers, marker_groups
 
                 partitions = [m.partition for m in messages if isinstance(m, SinkCommitMessage)]
                 delete_markers(self.options, marker_groups(self.options, self.write_id, partitions))

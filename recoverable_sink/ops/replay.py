@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.delivery import delivery_timeout_s, wait_for_acks
 from recoverable_sink.errors import DeliveryError, RecoverableSinkError
 from recoverable_sink.identity import split
 from recoverable_sink.options import client_config, parse_options
-from recoverable_sink.pool import producers
-from recoverable_sink.producer import SinkProducer
-from recoverable_sink.tracker import DeliveryTracker
+from recoverable_sink.producer.delivery import delivery_timeout_s, wait_for_acks
+from recoverable_sink.producer.pool import producers
+from recoverable_sink.producer.protocol import SinkProducer
+from recoverable_sink.producer.tracker import DeliveryTracker
 from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal
 
 log = get_logger("replay")

@@ -35,13 +35,13 @@ from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import later_run, stream_batch_of
-from recoverable_sink.delivery import delivery_timeout_s
 from recoverable_sink.errors import DeliveryError, StaleAttemptError, transaction_problem
 from recoverable_sink.identity import Fingerprint
-from recoverable_sink.marker import Marker
 from recoverable_sink.options import SinkOptions, client_config, short_lived
-from recoverable_sink.pool import new_producer
-from recoverable_sink.producer import SinkProducer
+from recoverable_sink.producer.delivery import delivery_timeout_s
+from recoverable_sink.producer.marker import Marker
+from recoverable_sink.producer.pool import new_producer
+from recoverable_sink.producer.protocol import SinkProducer
 
 log = get_logger("transactions")
 
