@@ -24,8 +24,8 @@ import uuid
 
 import pyarrow as pa
 
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.executor.task import write_partition
 from recoverable_sink.options import parse_options
 from testing.kafka_local import REPO, KafkaCluster

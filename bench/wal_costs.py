@@ -25,8 +25,10 @@ from collections.abc import Callable
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from recoverable_sink.executor.records import SchemaPlan, normalise, to_records
+from recoverable_sink.columns import SchemaPlan
+from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.identity import record_digests
+from recoverable_sink.producer.arguments import to_records
 from recoverable_sink.producer.confluent import produce
 from recoverable_sink.producer.native import NativeProducer, native_module
 from recoverable_sink.producer.tracker import DeliveryTracker

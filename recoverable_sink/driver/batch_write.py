@@ -13,10 +13,10 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from recoverable_sink._logging import get_logger
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id
 from recoverable_sink.driver.summary import log_abort, log_commit, summarize, wal_location, write_summary
 from recoverable_sink.errors import sentence_first
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.options import SinkOptions
 
 log = get_logger("batch")

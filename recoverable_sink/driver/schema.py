@@ -20,8 +20,8 @@ from pyspark.sql.types import (
 )
 
 from recoverable_sink._logging import get_logger
+from recoverable_sink.columns import COLUMNS, SchemaPlan
 from recoverable_sink.errors import SchemaError
-from recoverable_sink.executor.records import COLUMNS, SchemaPlan
 
 log = get_logger("schema")
 

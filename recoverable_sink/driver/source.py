@@ -11,12 +11,12 @@ from typing import NamedTuple
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.driver.batch_write import RecoverableKafkaBatchWriter
 from recoverable_sink.driver.preflight import TopicQuestions, check_cluster, check_transactions, fit_topic_limit
 from recoverable_sink.driver.schema import plan_schema
 from recoverable_sink.driver.stream_write import RecoverableKafkaStreamWriter
 from recoverable_sink.errors import OptionError, sentence_first
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.options import SinkOptions, parse_options
 
 

@@ -15,10 +15,10 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id, stream_write_id
 from recoverable_sink.driver.summary import log_abort, log_commit, summarize, write_summary
 from recoverable_sink.errors import RecoverableSinkError, sentence_first
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.options import SinkOptions
 
 try:

@@ -19,7 +19,7 @@ from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError, RerunRefusedError
 from recoverable_sink.executor.attempt_log import attempt_name
-from recoverable_sink.executor.records import normalise
+from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.rerun import run_of
 from recoverable_sink.executor.writer import AtLeastOnceWriter, Phase, final_wait_s
 from recoverable_sink.identity import record_digests

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 
 from recoverable_sink._faults import FaultPlan
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.executor.exactly_once_writer import ExactlyOnceWriter
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.executor.rerun import settle_micro_batches
 from recoverable_sink.executor.spark_input import InputEnd
 from recoverable_sink.executor.writer import AtLeastOnceWriter

@@ -32,10 +32,12 @@ import pyarrow as pa
 
 from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.executor.attempt_log import Acks, NoLog, open_log
-from recoverable_sink.executor.records import TOPIC_BATCH_FRAMING, SchemaPlan, check_batch, normalise
+from recoverable_sink.executor.normalise import normalise
+from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, split
 from recoverable_sink.options import SinkOptions
@@ -90,7 +92,7 @@ class _Partitions:
 
 
 def _size_limit(options: SinkOptions) -> tuple[int, str]:
-    """The largest record (as records.check_batch sizes it) the producer and, uncompressed, the topic accept."""
+    """The largest record (as record_checks.check_batch sizes it) the producer and, uncompressed, the topic accept."""
     conf = options.producer_config()
     limit = int(conf.get("message.max.bytes", 1_000_000))
     name = f"the producer's message.max.bytes={limit}"

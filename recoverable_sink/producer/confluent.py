@@ -14,7 +14,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.executor.records import KafkaRecords, to_records
+from recoverable_sink.producer.arguments import KafkaRecords, to_records
 from recoverable_sink.producer.protocol import fatal_errors, refused
 from recoverable_sink.producer.tracker import DeliveryTracker, Handed
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.executor.records import producer_columns
+from recoverable_sink.producer.arguments import producer_columns
 from recoverable_sink.producer.protocol import fatal_errors, refused
 from recoverable_sink.producer.tracker import DeliveryTracker, Handed
 

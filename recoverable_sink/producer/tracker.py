@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message
 
-from recoverable_sink.executor.records import KafkaRecords
+from recoverable_sink.producer.arguments import KafkaRecords
 
 
 @dataclass

@@ -13,10 +13,10 @@ import pytest
 from pyspark.sql import functions as F
 
 from recoverable_sink import RecoverableKafkaDataSource
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity, new_run_id
 from recoverable_sink.driver.preflight import check_cluster
 from recoverable_sink.errors import DeliveryError
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.options import parse_options
 from recoverable_sink.wal import DONE, open_wal

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity, new_run_id, stream_write_id
 from recoverable_sink.errors import InputCutShortError, StaleAttemptError
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.options import parse_options
 from testing.chaos.checker import ids_in_topic, verdict

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from recoverable_sink.errors import RecordError
-from recoverable_sink.executor.records import KafkaRecords
+from recoverable_sink.producer.arguments import KafkaRecords
 from recoverable_sink.producer.confluent import produce
 from recoverable_sink.producer.tracker import DeliveryTracker
 from tests.unit.fakes import FakeProducer, Sent

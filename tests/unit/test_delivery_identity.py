@@ -9,10 +9,10 @@ import random
 import pyarrow as pa
 import pytest
 
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError, FatalProducerError, WalFullError
 from recoverable_sink.executor import writer as writer_module
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.identity import record_digests
 from recoverable_sink.ops.replay import NotFullyLogged, replay_partition
@@ -278,7 +278,7 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
     content came back in a failure report: a drain marks records 0 and 2 only."""
     from confluent_kafka import KafkaError
 
-    from recoverable_sink.executor.records import KafkaRecords
+    from recoverable_sink.producer.arguments import KafkaRecords
     from recoverable_sink.producer.tracker import DeliveryTracker, Handed
     from tests.unit.fakes import Sent, _Msg
 
@@ -304,7 +304,7 @@ def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
 
 
 def _records(values: list[bytes]) -> tuple:
-    from recoverable_sink.executor.records import KafkaRecords
+    from recoverable_sink.producer.arguments import KafkaRecords
     from recoverable_sink.producer.tracker import DeliveryTracker
 
     records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)

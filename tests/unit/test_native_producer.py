@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from recoverable_sink.errors import RecordError
-from recoverable_sink.executor.records import producer_columns
 from recoverable_sink.producer import native as native_producer
+from recoverable_sink.producer.arguments import producer_columns
 from recoverable_sink.producer.delivery import drain, wait_for_acks
 from recoverable_sink.producer.native import NativeProducer
 from recoverable_sink.producer.tracker import DeliveryTracker

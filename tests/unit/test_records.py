@@ -4,8 +4,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaException, Producer
 
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.errors import RecordError
-from recoverable_sink.executor.records import SchemaPlan, check_batch, normalise, to_records
+from recoverable_sink.executor.normalise import normalise
+from recoverable_sink.executor.record_checks import check_batch
+from recoverable_sink.producer.arguments import to_records
 
 
 def counts(topic: str) -> int:
@@ -90,7 +93,7 @@ def test_normalise_drops_the_topic_column_under_the_option_and_keeps_millisecond
 
 
 def test_header_lists_give_none_for_a_record_without_headers_and_keep_the_pairs_of_the_others():
-    from recoverable_sink.executor.records import _header_lists
+    from recoverable_sink.producer.arguments import _header_lists
 
     header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
     headers = pa.array([[], None, [{"key": "a", "value": b"1"}, {"key": "a", "value": None}], []], header_type)
@@ -105,7 +108,7 @@ def test_the_quick_size_bound_is_never_below_a_records_exact_size():
 
     import pyarrow.compute as pc
 
-    from recoverable_sink.executor.records import _largest_record_bound, _record_sizes
+    from recoverable_sink.executor.record_checks import _largest_record_bound, _record_sizes
 
     rng = random.Random(7)
 

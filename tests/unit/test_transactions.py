@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError
 from recoverable_sink.executor import attempt_log, task
-from recoverable_sink.executor.records import SchemaPlan
 from recoverable_sink.options import parse_options
 from recoverable_sink.producer import transactions
 from recoverable_sink.producer.confluent import RecordsSender

@@ -1,24 +1,16 @@
-"""Records on the executor: normalise each Arrow batch to the Kafka record shape, reject records Kafka would
-refuse (the one home of record validation), and turn columns into producer arguments.
-
-No pyspark import here: the ``recoverable-kafka-wal`` CLI uses this module too. The driver-side check of the
-DataFrame schema is in :mod:`recoverable_sink.driver.schema`.
-"""
+"""Records Kafka would refuse, rejected before any of a batch enters the WAL (executor): the one home of record
+validation. Null topics, negative or out-of-range partitions, null header keys, timestamps before the epoch, and
+records larger than the producer or the topic takes."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from recoverable_sink.errors import RecordError
-
-# The sink's input columns, in the order a normalised batch keeps them.
-COLUMNS = ("key", "value", "topic", "partition", "headers", "timestamp")
 
 # librdkafka refuses a record when this plus its key, value and serialised headers exceed message.max.bytes
 # (RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: the largest varints of length, timestamp and offset deltas, key and value
@@ -28,49 +20,6 @@ _RECORD_OVERHEAD = 36
 # its key, value and headers plus 68 bytes (61 of v2 batch header, 7 of the smallest record framing), so a
 # record whose _RECORD_OVERHEAD-based size exceeds max.message.bytes - 32 is refused by the broker for sure.
 TOPIC_BATCH_FRAMING = 61 + 7 - _RECORD_OVERHEAD
-
-
-@dataclass(frozen=True)
-class SchemaPlan:
-    """Which of the sink's columns the DataFrame has; made on the driver, used by every task."""
-
-    columns: tuple[str, ...]
-    topic_option: str | None
-
-    @property
-    def topic_from_column(self) -> bool:
-        return self.topic_option is None
-
-
-@dataclass
-class KafkaRecords:
-    """One batch's records as the per-record lists the producer is called with."""
-
-    values: list[Any]
-    keys: list[Any] | None
-    topics: list[str] | None  # None: every record goes to SchemaPlan.topic_option
-    partitions: list[int | None] | None
-    headers: list[list[tuple[str, bytes | None]] | None] | None
-    timestamps: list[int | None] | None  # milliseconds since the epoch
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-
-def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
-    """Keep only the sink's columns (the topic column gives way to the topic option) and store timestamps
-    as epoch milliseconds, the form Kafka records carry."""
-    arrays: list[pa.Array] = []
-    names: list[str] = []
-    for name in plan.columns:
-        if name == "topic" and not plan.topic_from_column:
-            continue
-        column = batch.column(name)
-        if name == "timestamp":
-            column = pc.divide(column.cast(pa.timestamp("us")).cast(pa.int64()), pa.scalar(1000, pa.int64()))
-        arrays.append(column)
-        names.append(name)
-    return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
 def _first(mask: pa.Array) -> int | None:
@@ -200,76 +149,3 @@ def _check_header_keys(headers: pa.Array, where: str, first_position: int) -> No
         row = pc.list_parent_indices(headers)[index].as_py()
         raise RecordError(f"{where}, record {first_position + row}: a header has a null key; Kafka header keys "
                           "must be strings")
-
-
-def to_records(batch: pa.RecordBatch) -> KafkaRecords:
-    """Turn a normalised batch into the per-record lists handed to ``Producer.produce``."""
-    names = batch.schema.names
-
-    def column(name: str) -> list[Any] | None:
-        return batch.column(name).to_pylist() if name in names else None
-
-    headers = _header_lists(batch.column("headers")) if "headers" in names else None
-    return KafkaRecords(
-        values=batch.column("value").to_pylist(),
-        keys=column("key"),
-        topics=column("topic"),
-        partitions=column("partition"),
-        headers=headers,
-        timestamps=column("timestamp"),
-    )
-
-
-Column = pa.Array | None
-
-
-def producer_columns(batch: pa.RecordBatch) -> tuple[Column, Column, Column, Column, Column, Column]:
-    """A normalised batch as the native producer's arguments: the Arrow arrays of value, key, topic, partition
-    (int32), timestamp (int64) and headers (a list of structs), None where the batch has no such column. The
-    extension takes them through the Arrow C Data Interface; nothing is copied."""
-    # The C Data Interface carries no buffer sizes: Arrow's shallow validation (buffer sizes, first and last
-    # offsets) is what lets the extension trust them; it checks the offsets in between itself.
-    batch.validate()
-    names = batch.schema.names
-
-    def binary(name: str) -> Column:
-        return _binary(batch.column(name)) if name in names else None
-
-    def integer(name: str, kind: pa.DataType) -> Column:
-        if name not in names:
-            return None
-        array = batch.column(name)
-        return array if array.type == kind else array.cast(kind)
-
-    headers: Column = None
-    if "headers" in names:
-        headers = batch.column("headers")
-        if not pa.types.is_list(headers.type):
-            headers = headers.cast(pa.list_(headers.type.value_type))
-        if not all(_is_binary(f.type) for f in headers.type.value_type):
-            headers = headers.cast(pa.list_(pa.struct([(f.name, f.type if _is_binary(f.type) else pa.binary())
-                                                       for f in headers.type.value_type])))
-    return (binary("value"), binary("key"), binary("topic"), integer("partition", pa.int32()),
-            integer("timestamp", pa.int64()), headers)
-
-
-def _is_binary(kind: pa.DataType) -> bool:
-    return (pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind)
-            or pa.types.is_large_string(kind))
-
-
-def _binary(array: pa.Array) -> pa.Array:
-    """A binary or string array as it is (64-bit offsets included), anything else cast to binary."""
-    return array if _is_binary(array.type) else array.cast(pa.binary())
-
-
-def _header_lists(headers: pa.ListArray) -> list[list[tuple[str, bytes | None]] | None]:
-    """Each record's headers as the (key, value) pairs ``produce`` takes, or None for none: the pairs of the
-    whole batch are made at once from the flat child arrays, then cut per record (no per-header dict, as
-    to_pylist makes)."""
-    items = headers.values
-    pairs = list(zip(items.field("key").to_pylist(), items.field("value").to_pylist(), strict=True))
-    offsets = headers.offsets.to_pylist()
-    valid = headers.is_valid().to_pylist()
-    return [pairs[start:end] if ok and end > start else None
-            for start, end, ok in zip(offsets, offsets[1:], valid, strict=False)]

@@ -1,0 +1,21 @@
+"""The sink's input columns and which of them a DataFrame has (:class:`SchemaPlan`): what the driver decides from
+the schema and every task is handed. Both sides import it; it imports neither."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The sink's input columns, in the order a normalised batch keeps them.
+COLUMNS = ("key", "value", "topic", "partition", "headers", "timestamp")
+
+
+@dataclass(frozen=True)
+class SchemaPlan:
+    """Which of the sink's columns the DataFrame has; made on the driver, used by every task."""
+
+    columns: tuple[str, ...]
+    topic_option: str | None
+
+    @property
+    def topic_from_column(self) -> bool:
+        return self.topic_option is None
