@@ -26,6 +26,9 @@ except ImportError:
     _native = None
 
 DIGEST_SIZE = 16
+# What Kafka acknowledged of an attempt's records, by WAL segment (its first position): one byte per record, 1 once
+# acknowledged. The producer wing's ledger fills them; the WAL persists them beside the segments' digests.
+AckBitmaps = dict[int, bytearray]
 _NULL_LENGTH = 0xFFFFFFFF  # the length frame of a null field; no real field is 4 GiB long
 
 

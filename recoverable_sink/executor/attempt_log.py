@@ -122,7 +122,7 @@ class AttemptLog(NoLog):
         self._last_job: Future[object] | None = None  # the newest store or acknowledgement save queued
         self._failed: BaseException | None = None  # a failed store or save: no later batch enters the log
         self._save_failed: BaseException | None = None
-        # Bitmaps taken from the tracker whose write failed: the tracker forgets a fully acknowledged segment once
+        # Bitmaps taken from the ledger whose write failed: the ledger forgets a fully acknowledged segment once
         # its bitmap is taken, so they go back to it after a failure, to be saved again.
         self._unsaved: list[Acks] = []
 

@@ -158,15 +158,15 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         """Commit what this attempt sent with the marker, which then names every attempt whose transaction holds
         records of the partition. Their WAL digests stay as proof (released like at_least_once's); attempts
         whose transactions did not commit are dropped."""
-        tracker = self.tracker
+        ledger = self.ledger
         holders = list(self.committed)
         # Between here and commit's return a kill leaves the outcome to the next attempt's init_transactions (it
         # completes a commit under way, or aborts) and its marker read.
-        if self.marker_topic is not None and tracker.produced:
+        if self.marker_topic is not None and ledger.produced:
             names = [attempt_name(a.key) for a in holders]
             if self.log.key is not None:
                 names.append(attempt_name(self.log.key))
-            self.txn.commit(self.marker_topic, self.txn.committed_records + tracker.acked,
+            self.txn.commit(self.marker_topic, self.txn.committed_records + ledger.acked,
                             final_wait_s(self.options), names, self.log.path, self.fingerprint)
             self.txn.close()
             sent = True
@@ -176,7 +176,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         if holders or self.earlier:
             message.committed_before = True
             log.info("%s: earlier transactions committed %d records of this partition's input; this one sent the "
-                     "%d they lacked%s", self.where, message.skipped, tracker.acked,
+                     "%d they lacked%s", self.where, message.skipped, ledger.acked,
                      f" ({message.diverged} committed earlier are no longer in the input)" if message.diverged else "")
         if self.log.key is None:
             return

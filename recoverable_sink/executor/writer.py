@@ -41,10 +41,9 @@ from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_b
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, split
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.producer.delivery import delivery_timeout_s, serve, wait_for_acks
+from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.pool import producers
 from recoverable_sink.producer.protocol import SinkProducer
-from recoverable_sink.producer.tracker import DeliveryTracker
 from recoverable_sink.wal import DONE
 
 log = get_logger("task")
@@ -140,7 +139,7 @@ class AtLeastOnceWriter:
         self.phase = Phase.NEW
         self.started = time.monotonic()
         self.max_message, self.max_message_name = _size_limit(options)
-        self.tracker = DeliveryTracker()
+        self.ledger = Ledger()
         self.log: NoLog = NoLog()
         self.delivered = DeliveredSet()  # what earlier attempts of this run got acknowledged: skipped when met again
         # What earlier runs of the write delivered on this host, in any partition: a re-run's partitions may hold
@@ -161,7 +160,7 @@ class AtLeastOnceWriter:
         _freeze_heap_once()
         self.producer = self._open_producer()
         try:
-            self.producer.tracker = self.tracker  # its failure reports come here
+            self.producer.ledger = self.ledger  # its failure reports come here
             self.partitions = _Partitions(self.producer, self.where)
             self.log = open_log(self.options, self.ident)
             self.phase = self._recover()
@@ -265,7 +264,7 @@ class AtLeastOnceWriter:
     @property
     def acknowledged(self) -> int:
         """Records Kafka acknowledged to this attempt so far (as of the last drain)."""
-        return self.tracker.acked
+        return self.ledger.acked
 
     def _produce_pending(self) -> None:
         if self._pending is not None:
@@ -282,7 +281,7 @@ class AtLeastOnceWriter:
         try:
             with _no_collection():
                 self.message.published += self.producer.send_segment(pending.batch, self.plan.topic_option,
-                                                                     pending.first, None, self.tracker,
+                                                                     pending.first, None, self.ledger,
                                                                      self.options.scrub)
         except (DeliveryError, RecordError) as exc:
             raise self._located(exc) from None
@@ -303,7 +302,7 @@ class AtLeastOnceWriter:
     def _dirty(self) -> Acks:
         """The bitmaps changed since the last save, for the log to persist. Delivery callbacks run on this (the
         task's) thread, inside produce/poll/flush: no lock needed."""
-        return self.tracker.take_dirty() if self.log.key is not None else {}
+        return self.ledger.take_changes() if self.log.key is not None else {}
 
     def _checkpoint(self, wait_s: float, sync: bool = True) -> None:
         """Persist what Kafka acknowledged so far; with ``wait_s``, drain: wait up to that long for the rest,
@@ -313,16 +312,16 @@ class AtLeastOnceWriter:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                if remaining > 0 and self.tracker.outstanding:
-                    wait_for_acks(self.producer, self.tracker, min(remaining, CHECKPOINT_EVERY_S))
+                if remaining > 0 and self.ledger.outstanding:
+                    self.ledger.wait_for_acks(self.producer, min(remaining, CHECKPOINT_EVERY_S))
                 else:
-                    serve(self.producer, self.tracker)
+                    self.ledger.serve(self.producer)
             except FatalProducerError as exc:
                 self.log.save_acks(self._dirty())  # what was served before the producer died still counts
                 raise self._located(exc) from None
             self._last_checkpoint = time.monotonic()
             self.log.save_acks(self._dirty(), sync)
-            if not self.tracker.outstanding or time.monotonic() >= deadline:
+            if not self.ledger.outstanding or time.monotonic() >= deadline:
                 return
 
     # ---- the end ----------------------------------------------------------------------------------------
@@ -331,7 +330,7 @@ class AtLeastOnceWriter:
         exactly_once: commit the transaction with its marker)."""
         message = self._commit_skipped() if self.phase is Phase.SKIPPING else self._commit_written()
         self.phase = Phase.COMMITTED
-        self.producer.tracker = None  # done: the pooled producer keeps no reference to this task's batches
+        self.producer.ledger = None  # done: the pooled producer keeps no reference to this task's batches
         return message
 
     def _commit_skipped(self) -> SinkCommitMessage:
@@ -341,18 +340,18 @@ class AtLeastOnceWriter:
         self._produce_pending()
         self.log.mark_logged(self._dirty())
         self._checkpoint(wait_s=final_wait_s(self.options))
-        tracker = self.tracker
-        if tracker.failed or tracker.outstanding:
-            problem = tracker.first_error() or f"{tracker.outstanding} records still unacknowledged at the deadline"
+        ledger = self.ledger
+        if ledger.failed or ledger.outstanding:
+            problem = ledger.first_error() or f"{ledger.outstanding} records still unacknowledged at the deadline"
             raise DeliveryError(
-                f"{self.where}: Kafka did not acknowledge {tracker.failed + tracker.outstanding} of "
-                f"{tracker.produced} records: {self.options.scrub(problem)}. They stay in WAL "
+                f"{self.where}: Kafka did not acknowledge {ledger.failed + ledger.outstanding} of "
+                f"{ledger.produced} records: {self.options.scrub(problem)}. They stay in WAL "
                 f"{self.log.path or '(disabled)'}; re-run the write with "
                 f"wal.writeId={self.ident.write_id} to send only those"
             )
         message = self.message
         message.received = self.position
-        message.acknowledged = tracker.acked
+        message.acknowledged = ledger.acked
         message.diverged = self.delivered.left_over()
         self._keep_proof(message)
         message.seconds = time.monotonic() - self.started
@@ -375,15 +374,15 @@ class AtLeastOnceWriter:
         was, so a retry skips them; then release the producer so no stale delivery reaches the next task."""
         try:
             for acks in self.log.settle():
-                self.tracker.restore(acks)
-            waiting = self.tracker.outstanding and self._waits_on_abort()
+                self.ledger.give_back(acks)
+            waiting = self.ledger.outstanding and self._waits_on_abort()
             self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if waiting else 0)
         except Exception as secondary:  # noqa: BLE001 - the original error is the one to report
             log.warning("%s: could not checkpoint acknowledgements after the failure: %s", self.where,
                         self.options.scrub(str(secondary)))
         finally:
             self.phase = Phase.ABORTED
-            self.producer.tracker = None
+            self.producer.ledger = None
             try:
                 self.log.end()
             except Exception as secondary:  # noqa: BLE001 - a retry waiting for this attempt goes on at its deadline

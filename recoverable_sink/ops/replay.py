@@ -13,10 +13,9 @@ from recoverable_sink._logging import get_logger
 from recoverable_sink.errors import DeliveryError, RecoverableSinkError
 from recoverable_sink.identity import split
 from recoverable_sink.options import client_config, parse_options
-from recoverable_sink.producer.delivery import delivery_timeout_s, wait_for_acks
+from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.pool import producers
 from recoverable_sink.producer.protocol import SinkProducer
-from recoverable_sink.producer.tracker import DeliveryTracker
 from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal
 
 log = get_logger("replay")
@@ -117,8 +116,8 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
     producer = producer if producer is not None else producers.get(options)
     acked_later = wal.delivered(later)
     counts = ReplayCounts()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
+    ledger = Ledger()
+    producer.ledger = ledger
     topic = attempt.extra.get("topic")
     for seg in wal.segments(attempt.key):
         counts.records += seg.count
@@ -131,18 +130,18 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         it = iter(matched.skip)
         skip = [bool(a) or next(it) for a in seg.acked]
         sent = producer.send_segment(seg.batch, topic if isinstance(topic, str) else None, seg.first, skip,
-                                     tracker, options.scrub)
+                                     ledger, options.scrub)
         counts.sent += sent
         counts.already_delivered += seg.count - sent
-        wait_for_acks(producer, tracker, delivery_timeout_s(options) + 30)
-        dirty = tracker.take_dirty()
+        ledger.wait_for_acks(producer, delivery_timeout_s(options) + 30)
+        dirty = ledger.take_changes()
         if record:
             wal.save_acks(attempt.key, dirty)
         if progress is not None:
             progress(counts.records, total)
-    if tracker.failed or tracker.outstanding:
+    if ledger.failed or ledger.outstanding:
         raise DeliveryError(f"replay of partition {attempt.partition} of write {attempt.write_id}: "
-                            f"{options.scrub(tracker.first_error() or 'records unacknowledged')}; "
+                            f"{options.scrub(ledger.first_error() or 'records unacknowledged')}; "
                             "the WAL keeps them, run replay again")
     if record:
         wal.finish(attempt.key, [a.key for a in attempts if a.key != attempt.key])

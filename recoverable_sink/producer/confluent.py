@@ -15,8 +15,8 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.producer.arguments import KafkaRecords, to_records
-from recoverable_sink.producer.protocol import fatal_errors, refused
-from recoverable_sink.producer.tracker import DeliveryTracker, Handed
+from recoverable_sink.producer.failures import fatal_errors, refused
+from recoverable_sink.producer.ledger import Ledger
 
 
 class RecordsSender:
@@ -26,8 +26,8 @@ class RecordsSender:
     kind = "confluent"
 
     def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
-                     tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
-        return produce(self, to_records(batch), topic, seg_first, skip, tracker, scrub,  # type: ignore[arg-type]
+                     ledger: Ledger, scrub: Callable[[str], str]) -> int:
+        return produce(self, to_records(batch), topic, seg_first, skip, ledger, scrub,  # type: ignore[arg-type]
                        lambda: to_records(batch))
 
     def connect(self, timeout_s: float, topic: str | None = None) -> str | None:
@@ -45,17 +45,17 @@ class RecordsSender:
 
 
 class ConfluentProducer(RecordsSender, Producer):
-    """confluent-kafka's producer reporting failed deliveries only, to the tracker of the task using it."""
+    """confluent-kafka's producer reporting failed deliveries only, to the ledger of the task using it."""
 
     def __init__(self, conf: dict[str, Any], client_conf: dict[str, Any] | None = None) -> None:
         # A plain function over a one-item list: the producer holds its callback, and a callback holding the
         # producer (a bound method) would make a cycle that only the garbage collector breaks.
-        slot: list[DeliveryTracker | None] = [None]
+        slot: list[Ledger | None] = [None]
 
         def on_failure(err: KafkaError | None, msg: Message) -> None:
-            tracker = slot[0]
-            if err is not None and tracker is not None:
-                tracker.on_failure(err, msg)
+            ledger = slot[0]
+            if err is not None and ledger is not None:
+                ledger.on_failure(err, msg)
 
         # librdkafka's log lines to the sink's logger (served by poll), as the native producer's go.
         super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": on_failure,
@@ -64,12 +64,12 @@ class ConfluentProducer(RecordsSender, Producer):
         self._client_conf = client_conf  # for the consumer that carries a commit marker's group metadata
 
     @property
-    def tracker(self) -> DeliveryTracker | None:
+    def ledger(self) -> Ledger | None:
         return self._slot[0]
 
-    @tracker.setter
-    def tracker(self, tracker: DeliveryTracker | None) -> None:
-        self._slot[0] = tracker
+    @ledger.setter
+    def ledger(self, ledger: Ledger | None) -> None:
+        self._slot[0] = ledger
 
     def send_marker(self, group: str, topic: str, partition: int, offset: int, metadata: str,
                     timeout_s: float) -> None:
@@ -89,21 +89,40 @@ _DEFAULTS: tuple[object, ...] = (None, -1, None, None, 0, None)
 
 
 def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_first: int,
-            skip: list[bool] | None, tracker: DeliveryTracker, scrub: Callable[[str], str],
+            skip: list[bool] | None, ledger: Ledger, scrub: Callable[[str], str],
             recompute: Callable[[], KafkaRecords] | None = None) -> int:
     """Hand one segment's records to the producer, except those marked in ``skip`` (already delivered),
-    which are recorded as acknowledged. Returns how many were handed over. ``recompute`` gives the records
+    which are booked as acknowledged. Returns how many were handed over. ``recompute`` gives the records
     again if a failure report must be matched (default: keep ``records`` until the next drain).
 
     Blocks (serving reports) while librdkafka's local queue is full: nothing is dropped, and records keep
     their order. This is the hot loop of the sink: one ``produce`` call per record, no per-record callback,
     and no per-record Python bytecode either (``map`` drives the calls from C, about 2x a ``for`` loop)."""
     n = len(records)
-    bitmap, rows = tracker.segment(seg_first, n, skip)
-    # produce()'s positional arguments (cheaper than keywords): topic, value, then key, partition (-1: the
-    # partitioner picks), on_delivery (None: the producer's failure report), callback (unused alias),
-    # timestamp (0: unset), headers. Only as far as the last one the records set: each argument left out is
-    # one less to parse (topic, value and key alone make a call about 15% cheaper than all eight).
+    with ledger.handing_over(seg_first, n, skip, topic, recompute or (lambda: records)) as handover:
+        columns = _arguments(records, topic, handover.rows)
+        with fatal_errors():
+            try:
+                _send_in_order(producer, columns)
+                handover.taken = handover.count
+            except _Stopped as stop:
+                handover.taken = stop.index
+                if isinstance(stop.exc, KafkaException):
+                    partition = columns[3][stop.index] if len(columns) > 3 else -1
+                    raise refused(stop.exc, handover.position(stop.index), columns[0][stop.index], partition, scrub,
+                                  ledger.first_error()) from None
+                raise stop.exc  # noqa: B904 - as it was: fatal_errors() reads a SystemError's cause
+            producer.poll(0)
+    return handover.taken
+
+
+def _arguments(records: KafkaRecords, topic: str | None, rows: list[int] | None) -> list[list[Any]]:
+    """``produce()``'s positional arguments, column by column (cheaper than keywords): topic, value, then key,
+    partition (-1: the partitioner picks), on_delivery (None: the producer's failure report), callback (unused
+    alias), timestamp (0: unset), headers; only as far as the last one the records set: each argument left out
+    is one less to parse (topic, value and key alone make a call about 15% cheaper than all eight). ``rows``: the
+    records to send, when not all."""
+    n = len(records)
     optional = [
         records.keys,
         [-1 if p is None else p for p in records.partitions] if records.partitions is not None else None,
@@ -117,25 +136,7 @@ def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_fi
     columns += [column if column is not None else [_DEFAULTS[i]] * n for i, column in enumerate(optional[:given])]
     if rows is not None:
         columns = [[column[i] for i in rows] for column in columns]
-    count, handed = len(columns[1]), 0
-    with fatal_errors():
-        try:
-            _send_in_order(producer, columns)
-            handed = count
-        except _Stopped as stop:
-            handed = stop.index
-            if isinstance(stop.exc, KafkaException):
-                partition = columns[3][handed] if len(columns) > 3 else -1
-                raise refused(stop.exc, seg_first + (handed if rows is None else rows[handed]),
-                               columns[0][handed], partition, scrub, tracker) from None
-            raise stop.exc  # noqa: B904 - as it was: fatal_errors() reads a SystemError's cause
-        finally:
-            # Counted even when a record is refused midway (that record and those after it were not handed
-            # over): the failure path waits for the acknowledgements of those before it.
-            upto = n if handed == count else handed if rows is None else rows[handed]
-            tracker.handed(Handed(seg_first, bitmap, upto, topic, recompute or (lambda: records)), handed)
-        producer.poll(0)
-    return handed
+    return columns
 
 
 class _Stopped(Exception):

@@ -17,8 +17,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.producer.arguments import producer_columns
-from recoverable_sink.producer.protocol import fatal_errors, refused
-from recoverable_sink.producer.tracker import DeliveryTracker, Handed
+from recoverable_sink.producer.failures import fatal_errors, refused
+from recoverable_sink.producer.ledger import Handover, Ledger
 
 log = get_logger("delivery")
 _librdkafka_log = get_logger("librdkafka")  # librdkafka's own lines; confluent_producer routes its own there too
@@ -64,7 +64,7 @@ def native_module() -> Any:
 
 class NativeProducer:
     """A librdkafka producer fed from Arrow arrays by the ``_produce`` extension. Only failures are reported;
-    they are collected after every ``poll``/``flush`` and handed to ``tracker`` (set by the task using it), and
+    they are collected after every ``poll``/``flush`` and handed to ``ledger`` (set by the task using it), and
     librdkafka's log lines, kept in C meanwhile, go to the ``recoverable_sink.librdkafka`` logger then."""
 
     kind = "native"
@@ -74,14 +74,14 @@ class NativeProducer:
         if module is None:
             raise RuntimeError("the _produce extension is not available")
         self._p = module.Producer({k: str(v) for k, v in conf.items()})
-        self.tracker: DeliveryTracker | None = None
+        self.ledger: Ledger | None = None
 
     def _collect(self) -> None:
         for level, line in self._p.take_logs():  # kept in C: librdkafka's threads cannot call Python
             _librdkafka_log.log(_SYSLOG_LEVELS[min(max(level, 0), 7)], line)
         failures = self._p.take_failures()
-        if failures and self.tracker is not None:
-            self.tracker.on_failures_at(failures)
+        if failures and self.ledger is not None:
+            self.ledger.on_failures_at(failures)
 
     def poll(self, timeout: float = 0) -> int:
         try:
@@ -106,33 +106,32 @@ class NativeProducer:
         return self._p.send(topic, slot, *producer_columns(batch))
 
     def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
-                     tracker: DeliveryTracker, scrub: Callable[[str], str]) -> int:
-        """The batch's Arrow arrays go to librdkafka in one C call; each record's opaque is its position."""
-        n = batch.num_rows
-        bitmap, rows = tracker.segment(seg_first, n, skip)
-        if rows is not None:
-            batch = batch.take(pa.array(rows, pa.int64()))
-        slot = tracker.next_slot()
-        handed, code, text = 0, 0, ""
-        with fatal_errors():
-            try:
+                     ledger: Ledger, scrub: Callable[[str], str]) -> int:
+        """The batch's Arrow arrays go to librdkafka in one C call; each record's opaque is its slot and row."""
+        with ledger.handing_over(seg_first, batch.num_rows, skip, topic) as handover:
+            if handover.rows is not None:
+                batch = batch.take(pa.array(handover.rows, pa.int64()))
+            code, text = 0, ""
+            with fatal_errors():
                 if batch.num_rows:  # every row may have been skipped
-                    handed, code, text = self._send(topic, batch, slot)
-            finally:
-                upto = n if handed == batch.num_rows else handed if rows is None else rows[handed]
-                tracker.handed(Handed(seg_first, bitmap, upto, topic, None, slot, rows), handed)
-            if code:
-                # A handle in a fatal state (fenced, idempotence lost) refuses every record with that error's code:
-                # poll raises it as fatal, which the task reports as such, not as this record's problem.
+                    handover.taken, code, text = self._send(topic, batch, handover.slot)
+                if code:
+                    # A handle in a fatal state (fenced, idempotence lost) refuses every record with that error's
+                    # code: poll raises it as fatal, which the task reports as such, not as this record's problem.
+                    self.poll(0)
+                    raise self._refused(batch, handover, topic, KafkaException(KafkaError(code, text)), scrub,
+                                        ledger)
                 self.poll(0)
-                names = batch.schema.names
-                row_topic = batch.column("topic")[handed].as_py() if "topic" in names else topic
-                part = batch.column("partition")[handed].as_py() if "partition" in names else None
-                position = seg_first + (handed if rows is None else rows[handed])
-                raise refused(KafkaException(KafkaError(code, text)), position, row_topic, -1 if part is None else part,
-                               scrub, tracker)
-            self.poll(0)
-        return handed
+        return handover.taken
+
+    @staticmethod
+    def _refused(batch: pa.RecordBatch, handover: Handover, topic: str | None, exc: KafkaException,
+                 scrub: Callable[[str], str], ledger: Ledger) -> Exception:
+        """The error for the record the C loop stopped at (``handover.taken``), named as the task names records."""
+        i, names = handover.taken, batch.schema.names
+        row_topic = batch.column("topic")[i].as_py() if "topic" in names else topic
+        part = batch.column("partition")[i].as_py() if "partition" in names else None
+        return refused(exc, handover.position(i), row_topic, -1 if part is None else part, scrub, ledger.first_error())
 
     def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
         count, code, text = self._p.partition_count(topic, timeout_s)

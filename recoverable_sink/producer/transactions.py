@@ -38,7 +38,7 @@ from recoverable_sink.contract import later_run, stream_batch_of
 from recoverable_sink.errors import DeliveryError, StaleAttemptError, transaction_problem
 from recoverable_sink.identity import Fingerprint
 from recoverable_sink.options import SinkOptions, client_config, short_lived
-from recoverable_sink.producer.delivery import delivery_timeout_s
+from recoverable_sink.producer.ledger import delivery_timeout_s
 from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.pool import new_producer
 from recoverable_sink.producer.protocol import SinkProducer

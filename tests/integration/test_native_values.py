@@ -11,9 +11,8 @@ import pyarrow as pa
 import pytest
 
 from recoverable_sink.producer import native as native_producer
-from recoverable_sink.producer.delivery import wait_for_acks
+from recoverable_sink.producer.ledger import Ledger
 from recoverable_sink.producer.native import NativeProducer
-from recoverable_sink.producer.tracker import DeliveryTracker
 from testing.kafka_check import read_topic
 from testing.kafka_local import KafkaCluster
 
@@ -31,17 +30,17 @@ def test_values_arrive_intact_when_the_batch_is_dropped_and_its_memory_reused_be
     # linger.ms: the records are still in librdkafka's queue when the batch is dropped.
     producer = NativeProducer({"bootstrap.servers": kafka.bootstrap_servers, "acks": "all",
                                "enable.idempotence": "true", "linger.ms": "200"})
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
+    ledger = Ledger()
+    producer.ledger = ledger
     values = [os.urandom(2000) for _ in range(3000)] + [os.urandom(100_000) for _ in range(20)]
     batch = pa.RecordBatch.from_pydict({"key": [b"%d" % i for i in range(len(values))], "value": values})
-    assert producer.send_segment(batch, topic, 0, None, tracker, str) == len(values)
+    assert producer.send_segment(batch, topic, 0, None, ledger, str) == len(values)
     assert producer._p.held() == 1
     del batch
     gc.collect()
     overwrite = [pa.array([b"\xee" * len(v) for v in values], pa.binary()) for _ in range(3)]
-    wait_for_acks(producer, tracker, 60)
-    assert tracker.acked == len(values) and tracker.failed == 0
+    ledger.wait_for_acks(producer, 60)
+    assert ledger.acked == len(values) and ledger.failed == 0
     assert producer._p.held() == 0
     got = read_topic(kafka.bootstrap_servers, topic, expected=len(values))
     assert sorted(r["value"] for r in got) == sorted(values)

@@ -49,7 +49,7 @@ def _bytes(data: str | bytes | None) -> bytes | None:
 class FakeProducer(RecordsSender):
     """librdkafka's client under the sink's confluent-kafka adapter (:class:`RecordsSender`). Queues records;
     ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``, reporting failures
-    only, as the sink's producers do (``delivery.report.only.error``), to ``tracker``. ``fail`` makes every
+    only, as the sink's producers do (``delivery.report.only.error``), to ``ledger``. ``fail`` makes every
     delivery fail with that error instead. After ``fatal_after`` acknowledgements the producer turns fatal, the
     way confluent-kafka shows it: the first call raises a SystemError caused by the fatal KafkaException (a
     delivery callback ran with the error set), later calls the KafkaException."""
@@ -64,7 +64,7 @@ class FakeProducer(RecordsSender):
     refuse: bytes | None = None  # produce() refuses this value as too large
     queue: list[Sent] = field(default_factory=list)
     delivered: list[Sent] = field(default_factory=list)
-    tracker: Any = None
+    ledger: Any = None
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
                 on_delivery: Callable[..., Any] | None = None, callback: object = None, timestamp: int = 0,
@@ -97,7 +97,7 @@ class FakeProducer(RecordsSender):
                 self._fatal()
             sent = self.queue.pop(0)
             if self.fail is not None:
-                self.tracker.on_failure(self.fail, _Msg(sent))
+                self.ledger.on_failure(self.fail, _Msg(sent))
                 continue
             if self.ack_budget is not None:
                 self.ack_budget -= 1
@@ -113,7 +113,7 @@ class FakeProducer(RecordsSender):
         if left and self.expire:
             timed_out = KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out")
             for sent in self.queue:
-                self.tracker.on_failure(timed_out, _Msg(sent))
+                self.ledger.on_failure(timed_out, _Msg(sent))
             self.queue.clear()
         return len(self.queue)
 

@@ -10,7 +10,7 @@ import pytest
 from recoverable_sink.errors import RecordError
 from recoverable_sink.producer.arguments import KafkaRecords
 from recoverable_sink.producer.confluent import produce
-from recoverable_sink.producer.tracker import DeliveryTracker
+from recoverable_sink.producer.ledger import Ledger
 from tests.unit.fakes import FakeProducer, Sent
 
 
@@ -47,7 +47,7 @@ HEADERS = [[("h", b"1")], None]
 def test_produce_passes_the_arguments_the_records_set_and_leaves_out_the_defaults_after_them(
         columns: dict[str, list[Any]], arity: int, expected: list[Sent]) -> None:
     producer = _Counting()
-    handed = produce(producer, _records(**columns), "t", 0, None, DeliveryTracker(), str)
+    handed = produce(producer, _records(**columns), "t", 0, None, Ledger(), str)
     assert handed == 2
     assert producer.delivered + producer.queue == expected
     assert producer.arities == [arity, arity]
@@ -56,5 +56,5 @@ def test_produce_passes_the_arguments_the_records_set_and_leaves_out_the_default
 def test_a_refused_record_without_a_partition_column_is_named_by_position_and_topic() -> None:
     producer = FakeProducer(refuse=b"v1")
     with pytest.raises(RecordError, match="^record 11 to topic t was refused") as info:
-        produce(producer, _records(keys=[b"k", b"k"]), "t", 10, None, DeliveryTracker(), str)
+        produce(producer, _records(keys=[b"k", b"k"]), "t", 10, None, Ledger(), str)
     assert "partition" not in str(info.value)

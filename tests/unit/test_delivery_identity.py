@@ -17,7 +17,6 @@ from recoverable_sink.executor.task import open_writer
 from recoverable_sink.identity import record_digests
 from recoverable_sink.ops.replay import NotFullyLogged, replay_partition
 from recoverable_sink.options import parse_options
-from recoverable_sink.producer.delivery import serve
 from recoverable_sink.wal import DONE, LOGGED, OPEN, open_wal
 from tests.unit.fakes import FakeProducer
 
@@ -182,7 +181,7 @@ def test_wal_refusal_lets_no_later_batch_into_the_log(wal_dir):
 def test_acknowledgements_carried_by_a_refused_batch_are_saved_by_the_abort_and_a_retry_skips_them(
         wal_dir, monkeypatch):
     """A batch's store also carries the bitmaps acknowledged since the last save. When the WAL refuses that
-    batch (wal.maxBytes), the abort must still save them: the tracker forgets a fully acknowledged segment
+    batch (wal.maxBytes), the abort must still save them: the ledger forgets a fully acknowledged segment
     once its bitmap is taken, so otherwise a retry sends those 100 records a second time."""
     monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 3600.0)  # no drain of its own: the test serves them
     opts = options(wal_dir, **{"wal.maxBytes": "4000"})
@@ -191,7 +190,7 @@ def test_acknowledgements_carried_by_a_refused_batch_are_saved_by_the_abort_and_
     writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=producer)
     writer.write(batches(data[:100])[0])
     writer.write(batches(data[100:200])[0])  # hands the first batch to the producer
-    serve(producer, writer.tracker)  # its 100 records acknowledged, not saved yet
+    writer.ledger.serve(producer)  # its 100 records acknowledged, not saved yet
     with pytest.raises(WalFullError, match="wal.maxBytes=4000"):
         writer.write(batches(data[200:], size=200)[0])  # refused, with the bitmap it carried
         writer.commit()
@@ -279,23 +278,25 @@ def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_
     from confluent_kafka import KafkaError
 
     from recoverable_sink.producer.arguments import KafkaRecords
-    from recoverable_sink.producer.tracker import DeliveryTracker, Handed
+    from recoverable_sink.producer.ledger import Ledger
     from tests.unit.fakes import Sent, _Msg
 
     values = [b"a", b"b", b"c", b"d", b"e"]
     records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
-    tracker, bitmap = DeliveryTracker(), bytearray(5)
-    tracker.handed(Handed(0, bitmap, 3, "t", lambda: records), 3)
-    tracker.on_failure(KafkaError(KafkaError._MSG_TIMED_OUT), _Msg(Sent("t", b"b", None, 0, 0, None)))
-    assert tracker.outstanding == 2
-    tracker.drained()
-    assert (bytes(bitmap), tracker.acked, tracker.failed, tracker.outstanding) == (b"\1\0\1\0\0", 2, 1, 0)
+    ledger = Ledger()
+    with ledger.handing_over(0, 5, None, "t", lambda: records) as handover:
+        handover.taken = 3
+    ledger.on_failure(KafkaError(KafkaError._MSG_TIMED_OUT), _Msg(Sent("t", b"b", None, 0, 0, None)))
+    assert ledger.outstanding == 2
+    ledger.serve(FakeProducer())  # an empty queue: a drain
+    assert (bytes(ledger.take_changes()[0]), ledger.acked, ledger.failed, ledger.outstanding) == \
+        (b"\1\0\1\0\0", 2, 1, 0)
 
 
 def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
     """A fenced transactional producer's flush can fail with a bare SystemError: the task must fail as on
     any fatal producer error (its acknowledgements are kept, the producer dropped), not on an odd type."""
-    from recoverable_sink.producer.protocol import fatal_errors
+    from recoverable_sink.producer.failures import fatal_errors
 
     with pytest.raises(FatalProducerError, match="fatal producer error: the client failed without naming it"):
         with fatal_errors():
@@ -305,21 +306,21 @@ def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
 
 def _records(values: list[bytes]) -> tuple:
     from recoverable_sink.producer.arguments import KafkaRecords
-    from recoverable_sink.producer.tracker import DeliveryTracker
+    from recoverable_sink.producer.ledger import Ledger
 
     records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
-    return records, DeliveryTracker()
+    return records, Ledger()
 
 
 def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_once_in_order():
     from recoverable_sink.producer.confluent import produce
 
     values = [b"%d" % i for i in range(10)]
-    records, tracker = _records(values)
+    records, ledger = _records(values)
     producer = FakeProducer(queue_max=3)  # poll() empties the queue: room comes back while produce() waits
-    producer.tracker = tracker
+    producer.ledger = ledger
     skip = [i in (1, 6) for i in range(10)]
-    assert produce(producer, records, "t", 0, skip, tracker, str) == 8
+    assert produce(producer, records, "t", 0, skip, ledger, str) == 8
     producer.flush()
     assert producer.values() == [v for v, s in zip(values, skip, strict=True) if not s]
 
@@ -329,12 +330,12 @@ def test_a_record_the_producer_refuses_midway_is_named_and_only_those_before_it_
     from recoverable_sink.errors import RecordError
     from recoverable_sink.producer.confluent import produce
 
-    records, tracker = _records([b"a", b"b", b"c", b"d", b"e"])
+    records, ledger = _records([b"a", b"b", b"c", b"d", b"e"])
     producer = FakeProducer(refuse=b"d")
-    producer.tracker = tracker
+    producer.ledger = ledger
     with pytest.raises(RecordError, match=r"record 13 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
-        produce(producer, records, "t", 10, skip, tracker, str)
+        produce(producer, records, "t", 10, skip, ledger, str)
     handed = 3 if skip is None else 2
-    assert (tracker.produced, tracker.window[0].upto) == (handed, 3)
-    tracker.drained()
-    assert bytes(tracker.bitmaps[10]) == b"\1\1\1\0\0"  # skipped or acknowledged; the refused and later not
+    assert ledger.produced == handed
+    ledger.serve(FakeProducer())  # an empty queue: a drain
+    assert bytes(ledger.take_changes()[10]) == b"\1\1\1\0\0"  # skipped or acknowledged; the refused and later not

@@ -12,9 +12,8 @@ import pytest
 from recoverable_sink.errors import RecordError
 from recoverable_sink.producer import native as native_producer
 from recoverable_sink.producer.arguments import producer_columns
-from recoverable_sink.producer.delivery import drain, wait_for_acks
+from recoverable_sink.producer.ledger import Ledger
 from recoverable_sink.producer.native import NativeProducer
-from recoverable_sink.producer.tracker import DeliveryTracker
 
 pytestmark = pytest.mark.skipif(native_producer.native_module() is None,
                                 reason="the _produce extension is not built here (no C compiler at install)")
@@ -34,74 +33,77 @@ def _batch(n: int, start: int = 0) -> pa.RecordBatch:
 
 def test_every_row_handed_over_is_acknowledged_at_the_drain() -> None:
     producer = _mock()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
+    ledger = Ledger()
+    producer.ledger = ledger
     for first in (0, 500, 1000):
-        assert producer.send_segment(_batch(500, first), "t", first, None, tracker, str) == 500
-    wait_for_acks(producer, tracker, 30)
-    assert tracker.produced == tracker.acked == 1500 and tracker.failed == 0
-    assert [bytes(tracker.bitmaps[f]) for f in (0, 500, 1000)] == [b"\x01" * 500] * 3
+        assert producer.send_segment(_batch(500, first), "t", first, None, ledger, str) == 500
+    ledger.wait_for_acks(producer, 30)
+    assert ledger.produced == ledger.acked == 1500 and ledger.failed == 0
+    books = ledger.take_changes()
+    assert [bytes(books[f]) for f in (0, 500, 1000)] == [b"\x01" * 500] * 3
 
 
 def test_skipped_rows_count_as_acknowledged_and_the_rest_are_sent() -> None:
     producer = _mock()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
+    ledger = Ledger()
+    producer.ledger = ledger
     skip = [i % 3 == 0 for i in range(30)]
-    assert producer.send_segment(_batch(30), "t", 0, skip, tracker, str) == 20
-    wait_for_acks(producer, tracker, 30)
-    assert tracker.produced == tracker.acked == 20
-    assert bytes(tracker.bitmaps[0]) == b"\x01" * 30
+    assert producer.send_segment(_batch(30), "t", 0, skip, ledger, str) == 20
+    ledger.wait_for_acks(producer, 30)
+    assert ledger.produced == ledger.acked == 20
+    assert bytes(ledger.take_changes()[0]) == b"\x01" * 30
 
 
 def test_a_segment_whose_rows_were_all_delivered_earlier_sends_nothing() -> None:
     producer = _mock()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    assert producer.send_segment(_batch(4), "t", 0, [True] * 4, tracker, str) == 0
-    assert bytes(tracker.bitmaps[0]) == b"\x01" * 4 and tracker.produced == 0
+    ledger = Ledger()
+    producer.ledger = ledger
+    assert producer.send_segment(_batch(4), "t", 0, [True] * 4, ledger, str) == 0
+    assert bytes(ledger.take_changes()[0]) == b"\x01" * 4 and ledger.produced == 0
 
 
 def test_a_failure_report_names_the_exact_row_that_failed() -> None:
     """Nothing listens on port 1: every record times out, and each report names its own segment and row."""
     producer = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "300",
                                "enable.idempotence": "true", "acks": "all", "log_level": "0"})
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
+    ledger = Ledger()
+    producer.ledger = ledger
     skip = [i in (1, 4) for i in range(6)]
-    producer.send_segment(_batch(6), "t", 0, skip, tracker, str)
-    producer.send_segment(_batch(3, 6), "t", 6, None, tracker, str)
-    drain(producer, tracker, 10)
-    assert tracker.failed == 7 and tracker.outstanding == 0
+    producer.send_segment(_batch(6), "t", 0, skip, ledger, str)
+    producer.send_segment(_batch(3, 6), "t", 6, None, ledger, str)
+    ledger.drain(producer, 10)
+    assert ledger.failed == 7 and ledger.outstanding == 0
     # The skipped rows were delivered earlier; every row that was sent failed, and no other.
-    assert list(tracker.bitmaps[0]) == [0, 1, 0, 0, 1, 0]
-    assert list(tracker.bitmaps[6]) == [0, 0, 0]
-    assert "_MSG_TIMED_OUT" in (tracker.first_error() or "")
+    books = ledger.take_changes()
+    assert list(books[0]) == [0, 1, 0, 0, 1, 0]
+    assert list(books[6]) == [0, 0, 0]
+    assert "_MSG_TIMED_OUT" in (ledger.first_error() or "")
 
 
 def test_a_record_over_message_max_bytes_is_refused_by_position_and_the_rows_before_it_go_out() -> None:
     producer = _mock(**{"message.max.bytes": "1000"})
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
+    ledger = Ledger()
+    producer.ledger = ledger
     batch = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c" * 5000, b"d"]})
     with pytest.raises(RecordError, match="record 12 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
-        producer.send_segment(batch, "t", 10, None, tracker, str)
-    assert tracker.produced == 2
-    wait_for_acks(producer, tracker, 30)
-    assert list(tracker.bitmaps[10]) == [1, 1, 0, 0]
+        producer.send_segment(batch, "t", 10, None, ledger, str)
+    assert ledger.produced == 2
+    ledger.wait_for_acks(producer, 30)
+    assert list(ledger.take_changes()[10]) == [1, 1, 0, 0]
 
 
 def test_a_batch_larger_than_the_producers_queue_waits_for_room_and_hands_every_row_over() -> None:
     """A full queue refuses a row; the send waits for room and goes on instead of stopping there: every row is
     handed over, none fails, and the drain finds them all acknowledged."""
     producer = _mock(**{"queue.buffering.max.messages": "300"})
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    assert producer.send_segment(_batch(2500), "t", 0, None, tracker, str) == 2500
-    assert producer.send_segment(_batch(700, 2500).slice(100), "t", 2600, None, tracker, str) == 600
-    wait_for_acks(producer, tracker, 30)
-    assert tracker.produced == tracker.acked == 3100 and tracker.failed == 0
-    assert bytes(tracker.bitmaps[0]) == b"\x01" * 2500 and bytes(tracker.bitmaps[2600]) == b"\x01" * 600
+    ledger = Ledger()
+    producer.ledger = ledger
+    assert producer.send_segment(_batch(2500), "t", 0, None, ledger, str) == 2500
+    assert producer.send_segment(_batch(700, 2500).slice(100), "t", 2600, None, ledger, str) == 600
+    ledger.wait_for_acks(producer, 30)
+    assert ledger.produced == ledger.acked == 3100 and ledger.failed == 0
+    books = ledger.take_changes()
+    assert bytes(books[0]) == b"\x01" * 2500 and bytes(books[2600]) == b"\x01" * 600
 
 
 def test_every_column_shape_is_accepted_sliced_or_not() -> None:
@@ -115,12 +117,12 @@ def test_every_column_shape_is_accepted_sliced_or_not() -> None:
         "headers": pa.array([[("h", b"x"), ("n", None)], None, [], [("h", b"")], None], HEADERS),
     })
     producer = _mock()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    assert producer.send_segment(batch, "t", 0, None, tracker, str) == 5
-    assert producer.send_segment(batch.slice(2), "t", 5, None, tracker, str) == 3
-    wait_for_acks(producer, tracker, 30)
-    assert tracker.acked == 8 and tracker.failed == 0
+    ledger = Ledger()
+    producer.ledger = ledger
+    assert producer.send_segment(batch, "t", 0, None, ledger, str) == 5
+    assert producer.send_segment(batch.slice(2), "t", 5, None, ledger, str) == 3
+    ledger.wait_for_acks(producer, 30)
+    assert ledger.acked == 8 and ledger.failed == 0
 
 
 def test_rows_without_any_header_in_arrow_javas_layout_go_out() -> None:
@@ -133,11 +135,11 @@ def test_rows_without_any_header_in_arrow_javas_layout_go_out() -> None:
     headers.validate(full=True)
     batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"]), headers], names=["value", "headers"])
     producer = _mock()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    assert producer.send_segment(batch, "t", 0, None, tracker, str) == 2
-    wait_for_acks(producer, tracker, 30)
-    assert tracker.acked == 2
+    ledger = Ledger()
+    producer.ledger = ledger
+    assert producer.send_segment(batch, "t", 0, None, ledger, str) == 2
+    ledger.wait_for_acks(producer, 30)
+    assert ledger.acked == 2
 
 
 def test_offsets_out_of_order_are_refused_before_anything_is_sent() -> None:
@@ -178,31 +180,31 @@ def test_every_column_is_taken_as_arrow_gives_it_large_and_string_types_included
     columns = producer_columns(batch)
     assert columns[0].type == pa.large_binary() and columns[5].type == batch.schema.field("headers").type
     producer = _mock()
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    assert producer.send_segment(batch.slice(1), "t", 0, None, tracker, str) == 2
-    wait_for_acks(producer, tracker, 30)
-    assert tracker.acked == 2 and tracker.failed == 0
+    ledger = Ledger()
+    producer.ledger = ledger
+    assert producer.send_segment(batch.slice(1), "t", 0, None, ledger, str) == 2
+    ledger.wait_for_acks(producer, 30)
+    assert ledger.acked == 2 and ledger.failed == 0
 
 
 def test_a_drain_sends_what_linger_ms_would_still_hold_back() -> None:
     """A drain waits for the queue to empty; it must not wait out linger.ms to do so (a minute here)."""
     producer = _mock(**{"linger.ms": "60000"})
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    producer.send_segment(_batch(50), "t", 0, None, tracker, str)
-    drain(producer, tracker, 20)
-    assert tracker.acked == 50 and len(producer) == 0
+    ledger = Ledger()
+    producer.ledger = ledger
+    producer.send_segment(_batch(50), "t", 0, None, ledger, str)
+    ledger.drain(producer, 20)
+    assert ledger.acked == 50 and len(producer) == 0
 
 
 def test_a_flush_that_cannot_empty_the_queue_returns_at_its_deadline_with_what_is_left() -> None:
     nobody = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "60000", "log_level": "0"})
-    tracker = DeliveryTracker()
-    nobody.tracker = tracker
-    nobody.send_segment(_batch(5), "t", 0, None, tracker, str)
+    ledger = Ledger()
+    nobody.ledger = ledger
+    nobody.send_segment(_batch(5), "t", 0, None, ledger, str)
     assert nobody.flush(0) == 5
     assert nobody.flush(0.2) == 5
-    assert tracker.failed == 0 and tracker.outstanding == 5
+    assert ledger.failed == 0 and ledger.outstanding == 5
 
 
 def test_a_bad_setting_is_a_kafka_exception_naming_it() -> None:
@@ -222,22 +224,22 @@ def test_each_sends_values_are_kept_while_queued_and_let_go_once_the_queue_is_em
     """Values are handed to librdkafka in place (no copy): the producer keeps each send's value column while
     librdkafka may still read it, and lets go of them all once a drain found its queue empty."""
     producer = _mock(**{"linger.ms": "200"})
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    producer.send_segment(_batch(100), "t", 0, None, tracker, str)
-    producer.send_segment(_batch(100, 100), "t", 100, None, tracker, str)
+    ledger = Ledger()
+    producer.ledger = ledger
+    producer.send_segment(_batch(100), "t", 0, None, ledger, str)
+    producer.send_segment(_batch(100, 100), "t", 100, None, ledger, str)
     assert len(producer) > 0 and producer._p.held() == 2
-    wait_for_acks(producer, tracker, 30)
-    assert tracker.acked == 200 and producer._p.held() == 0
+    ledger.wait_for_acks(producer, 30)
+    assert ledger.acked == 200 and producer._p.held() == 0
 
 
 def test_after_a_purge_the_values_are_kept_until_the_producer_is_closed() -> None:
     """A purge destroys in-flight records while their request may still be written from their values: those are
     kept however empty the queue, until the librdkafka handle itself is destroyed."""
     producer = _mock(**{"linger.ms": "200"})
-    tracker = DeliveryTracker()
-    producer.tracker = tracker
-    producer.send_segment(_batch(100), "t", 0, None, tracker, str)
+    ledger = Ledger()
+    producer.ledger = ledger
+    producer.send_segment(_batch(100), "t", 0, None, ledger, str)
     producer.purge()
     producer.flush(10)
     assert len(producer) == 0 and producer._p.held() == 1

@@ -28,7 +28,7 @@ class _Producer(RecordsSender):
         self.init_fails = init_fails
         self.flushed = False
         self.aborted = False
-        self.tracker = None
+        self.ledger = None
         self.calls: list[str] = []
         _Producer.made.append(self)
 
