@@ -199,7 +199,7 @@ class Bench:
 
 def spark_session() -> SparkSession:
     # The sink's per-write INFO lines would drown the progress lines; its warnings (the kills) still show.
-    os.environ.setdefault("RECOVERABLE_SINK_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("RECOVERABLE_KAFKA_LOG_LEVEL", "WARNING")
     return local_spark("recoverable-sink-bench", **{"spark.driver.memory": "4g"})
 
 

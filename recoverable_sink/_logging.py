@@ -16,16 +16,23 @@ def _root() -> logging.Logger:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(_FORMAT))
         root.addHandler(handler)
-        root.setLevel(os.environ.get("RECOVERABLE_SINK_LOG_LEVEL", "INFO").upper())
+        root.setLevel(_level_from_environment())
         root.propagate = False
     return root
+
+
+def _level_from_environment() -> str:
+    """``RECOVERABLE_KAFKA_LOG_LEVEL``, the product's one environment prefix (as ``RECOVERABLE_KAFKA_WAL_PATH``);
+    the name it had before, ``RECOVERABLE_SINK_LOG_LEVEL``, is still read where the new one is not set."""
+    return (os.environ.get("RECOVERABLE_KAFKA_LOG_LEVEL") or os.environ.get("RECOVERABLE_SINK_LOG_LEVEL")
+            or "INFO").upper()
 
 
 def get_logger(name: str) -> logging.Logger:
     """Return a child of the package logger, making sure its records reach the worker's stderr.
 
     Spark forwards a Python worker's stderr to the executor's (and in local mode the driver's) log, so
-    an INFO line written there is where a Spark user looks for it. ``RECOVERABLE_SINK_LOG_LEVEL``
+    an INFO line written there is where a Spark user looks for it. ``RECOVERABLE_KAFKA_LOG_LEVEL``
     overrides the level.
     """
     _root()

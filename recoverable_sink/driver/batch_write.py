@@ -19,7 +19,7 @@ from recoverable_sink.driver.summary import log_abort, log_commit, summarize, wa
 from recoverable_sink.errors import sentence_first
 from recoverable_sink.options import SinkOptions
 
-log = get_logger("batch")
+log = get_logger("writer")
 
 
 class RecoverableKafkaBatchWriter(DataSourceArrowWriter):

@@ -44,7 +44,7 @@ def _option_name(property_name: str, options: SinkOptions) -> str:
 class _ProbeLog:
     """librdkafka's log lines of a probe producer, at DEBUG: a broker that cannot be reached would otherwise
     print a line per connection attempt on the driver's stderr before the OptionError that says what to check.
-    Set RECOVERABLE_SINK_LOG_LEVEL=DEBUG to see them."""
+    Set RECOVERABLE_KAFKA_LOG_LEVEL=DEBUG to see them."""
 
     def log(self, level: int, fmt: str, *args: object) -> None:  # confluent-kafka's ``logger`` interface
         log.debug("librdkafka (%s): %s", logging.getLevelName(level), fmt % args if args else fmt)

@@ -28,7 +28,7 @@ from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.producer.transactions import PartitionTransaction, read_markers, transactional_id
 from recoverable_sink.wal import DONE, AttemptInfo
 
-log = get_logger("task")
+log = get_logger("writer")
 
 
 class ExactlyOnceWriter(AtLeastOnceWriter):

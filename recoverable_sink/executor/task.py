@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable
 
 import pyarrow as pa
 
-from recoverable_sink._faults import FaultPlan
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
@@ -28,7 +27,7 @@ __all__ = ["AtLeastOnceWriter", "ExactlyOnceWriter", "open_writer", "write_parti
 
 
 def open_writer(options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
-                faults: FaultPlan | None = None, producer: SinkProducer | None = None) -> AtLeastOnceWriter:
+                producer: SinkProducer | None = None) -> AtLeastOnceWriter:
     """A started writer for ``options.guarantee``. ``producer`` replaces the pooled one (at_least_once only: an
     exactly_once attempt always makes its own transactional producer). A micro-batch's task first settles the
     query's logs on this host: a zombie's stands down before any producer fences the query's current one, and
@@ -36,8 +35,8 @@ def open_writer(options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, clu
     if options.wal_enabled and ident.kind == "stream":
         settle_micro_batches(open_wal(options.resolved_wal_path()), ident)
     if options.exactly_once:
-        return ExactlyOnceWriter(options, plan, ident, cluster_id, faults).start()
-    return AtLeastOnceWriter(options, plan, ident, cluster_id, faults, producer).start()
+        return ExactlyOnceWriter(options, plan, ident, cluster_id).start()
+    return AtLeastOnceWriter(options, plan, ident, cluster_id, producer).start()
 
 
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,
@@ -46,7 +45,7 @@ def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, pla
     """Write one partition: commit once the input ended normally, abort on any failure. ``input_end`` says how
     the input ended (:func:`~recoverable_sink.executor.spark_input.how_input_ended` in a Spark task): a cut-short
     input is a failure, so that no part of a partition is ever committed or marked fully logged."""
-    writer = open_writer(options, plan, ident, cluster_id, options.faults)
+    writer = open_writer(options, plan, ident, cluster_id)
     try:
         for batch in batches:
             writer.write(batch)

@@ -30,7 +30,6 @@ from typing import TypeVar
 
 import pyarrow as pa
 
-from recoverable_sink._faults import FaultPlan
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
@@ -46,7 +45,7 @@ from recoverable_sink.producer.pool import producers
 from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.wal import DONE
 
-log = get_logger("task")
+log = get_logger("writer")
 
 _FLUSH_MARGIN_S = 30.0  # past librdkafka's own delivery timeout, which reports every undelivered record
 
@@ -129,12 +128,12 @@ class AtLeastOnceWriter:
     FINGERPRINT_WITHOUT_WAL = False
 
     def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
-                 faults: FaultPlan | None = None, producer: SinkProducer | None = None) -> None:
+                 producer: SinkProducer | None = None) -> None:
         self.options = options
         self.plan = plan
         self.ident = ident
         self.cluster_id = cluster_id
-        self.faults = faults
+        self.faults = options.faults  # the test suite's and chaos campaign's, from _test.* options; else None
         self.where = ident.where
         self.phase = Phase.NEW
         self.started = time.monotonic()
@@ -255,16 +254,12 @@ class AtLeastOnceWriter:
             skip = [s or next(more) for s in skip]
         return [not s for s in skip]
 
-    def checkpoint(self, wait_s: float, sync: bool = True) -> None:
+    def flush(self, wait_s: float, sync: bool = True) -> None:
         """Hand every written batch to the producer, wait up to ``wait_s`` for Kafka's acknowledgements and
-        persist them (queued only, without ``sync``)."""
+        persist them (queued only, without ``sync``): what a retry would skip if the task died now, as Flink's
+        ``SinkWriter.flush``."""
         self._produce_pending()
         self._checkpoint(wait_s, sync)
-
-    @property
-    def acknowledged(self) -> int:
-        """Records Kafka acknowledged to this attempt so far (as of the last drain)."""
-        return self.ledger.acked
 
     def _produce_pending(self) -> None:
         if self._pending is not None:

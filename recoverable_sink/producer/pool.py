@@ -18,7 +18,7 @@ from recoverable_sink.producer.confluent import ConfluentProducer
 from recoverable_sink.producer.native import NativeProducer, native_module
 from recoverable_sink.producer.protocol import SinkProducer
 
-log = get_logger("delivery")
+log = get_logger("producer")
 
 _POOL_MAX = 8
 _POOL_IDLE_S = 600.0  # like Spark's producer cache (spark.kafka.producer.cache.timeout, 10 minutes)

@@ -77,7 +77,7 @@ def security(lab: Lab, rng: random.Random, n: int) -> Trial:
                             "--wal", str(d / "wal"), "--option", f"kafka.sasl.password={secret}",
                             "--option", f"kafka.ssl.key.password={key_secret}",
                             "--option", "kafka.sasl.username=alice", *lab.job_args()], d / "ok.log",
-                           RECOVERABLE_SINK_LOG_LEVEL="DEBUG")
+                           RECOVERABLE_KAFKA_LOG_LEVEL="DEBUG")
     failing = python_subprocess(["-m", "testing.chaos.jobs", *common, "--bootstrap", lab.kafka.bootstrap_servers,
                                  "--wal", str(d / "wal2"), "--option", "kafka.security.protocol=SASL_SSL",
                                  "--option", "kafka.sasl.mechanism=PLAIN", "--option", "kafka.sasl.username=alice",
