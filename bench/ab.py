@@ -22,7 +22,7 @@ import json
 import os
 import statistics
 
-from bench.run import Bench, frame, spark_session
+from bench.harness import Bench, frame, spark_session
 from testing.kafka_local import REPO, KafkaCluster
 
 ROWS = int(os.environ.get("AB_ROWS", "2000000"))

@@ -27,7 +27,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
 
-from bench.run import OUT, Bench, frame, spark_session
+from bench.harness import OUT, Bench, frame, spark_session
 from testing.kafka_local import KafkaCluster
 
 ROWS = int(os.environ.get("FLOOR_ROWS", "2000000"))

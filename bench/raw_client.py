@@ -26,7 +26,7 @@ Record = tuple[bytes, bytes, list[tuple[str, bytes]] | None]
 
 
 def row(i: int, value_bytes: int, headers: bool = False) -> Record:
-    """Row ``i`` of ``bench.run.frame``: key k<i % 100000>, value "<i>:" padded with x, two headers."""
+    """Row ``i`` of ``bench.harness.frame``: key k<i % 100000>, value "<i>:" padded with x, two headers."""
     return (b"k%d" % (i % DISTINCT_KEYS), (b"%d:" % i).ljust(value_bytes, b"x")[:value_bytes],
             [("source", b"bench"), ("seq", b"%d" % i)] if headers else None)
 

@@ -22,6 +22,7 @@ a write (bench.fixed_cost: a session's first write, a small write, a small micro
     BENCH_ROWS=200000 BENCH_REPS=1 .venv/bin/python -m bench.run
 
 Writes build/bench/results.json and build/bench/results.png; exit status 0 only if every run verified.
+The timed, verified write every case makes, and the DataFrame it writes, are bench.harness's.
 """
 
 from __future__ import annotations
@@ -30,35 +31,24 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
-import traceback
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka.admin import AdminClient
-
-from bench.raw_client import DISTINCT_KEYS
+from bench.harness import DF_PARTITIONS, OUT, Bench, Run, frame, spark_session
 from bench.raw_client import row as raw_row
 from bench.report import markdown, plot
-from bench.rss import WorkerRssSampler
-from testing.kafka_check import count_records, count_topic
-from testing.kafka_local import REPO, KafkaCluster
-from testing.spark import local_spark, sink_writer
+from testing.kafka_local import KafkaCluster
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-OUT = REPO / "build" / "bench"
-
 ROWS = int(os.environ.get("BENCH_ROWS", "2000000"))
 REPS = int(os.environ.get("BENCH_REPS", "3"))
 CORES = 2  # local[2,4]: two task slots; the raw client runs on one (this process's main thread)
-DF_PARTITIONS = 4
 WARMUP_ROWS = min(ROWS, 40_000)
 # Full-size untimed writes of every Spark case before the first timed shape: Spark's own sink is slow for its
 # first few writes in a session while the JVM's JIT and heap settle (docs/performance.md, "What each case
@@ -91,134 +81,6 @@ SHAPES = (
     Shape(10240, max(1, ROWS // 20), (4,)),  # 1 GB at the default ROWS: the cache must fit the driver's memory
     Shape(100, ROWS, (4,), headers=True),
 )
-
-
-@dataclass
-class Run:
-    seconds: float | None = None
-    error: str | None = None
-    summary: dict[str, Any] | None = None
-    peak_rss_mib: float | None = None
-    peak_anon_mib: float | None = None
-
-
-@dataclass
-class Bench:
-    spark: SparkSession
-    cluster: KafkaCluster
-    errors: list[str] = field(default_factory=list)
-    admin: AdminClient | None = None
-    jvm_warm: bool = False
-
-    @property
-    def bootstrap(self) -> str:
-        return self.cluster.bootstrap_servers
-
-    # ---- topics ---------------------------------------------------------------------------------------
-    def fresh_topic(self, label: str, partitions: int) -> str:
-        # create_topic waits until every partition's log answers (a first request too early made Spark's sink
-        # stall 120 s and duplicate: KAFKA-15591).
-        return self.cluster.create_topic(f"bench-{label}-{uuid.uuid4().hex[:8]}", partitions, 1)
-
-    def drop_topic(self, topic: str) -> None:
-        # 1 KB x 2M rows is 2 GB of log per run: delete it as soon as it is counted.
-        # One long-lived client: a temporary one would be destroyed before its future resolves.
-        if self.admin is None:
-            self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        try:
-            self.admin.delete_topics([topic], operation_timeout=60)[topic].result(timeout=90)
-        except Exception as exc:  # a failed clean-up must not hide the measurement
-            print(f"  warning: could not delete topic {topic}: {exc}", file=sys.stderr)
-
-    def timed(self, what: str, partitions: int, rows: int, write: Callable[[str], dict[str, Any] | None],
-              sample_rss: bool = False) -> Run:
-        """Run one write to a fresh topic, time it, verify the topic holds exactly ``rows`` records."""
-        topic = self.fresh_topic(what.split()[0].replace("_", "-"), partitions)
-        run = Run()
-        sampler = WorkerRssSampler() if sample_rss else None
-        try:
-            with sampler or nullcontext():
-                started = time.perf_counter()
-                run.summary = write(topic)
-                run.seconds = time.perf_counter() - started
-                if run.summary and "timed_seconds" in run.summary:  # a case that times itself (the raw client)
-                    run.seconds = run.summary["timed_seconds"]
-            # A transactional write's topic also holds its commit markers: count what read_committed reads.
-            transactional = what.startswith("exactly_once")
-            landed = count_records(self.bootstrap, topic) if transactional else count_topic(self.bootstrap, topic)
-            if landed != rows:
-                run.error = f"{what}: topic {topic} holds {landed} records, expected {rows}"
-        except Exception as exc:  # record it, keep measuring the other cases
-            run.error = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            traceback.print_exc()
-        finally:
-            if sampler is not None:
-                run.peak_rss_mib, run.peak_anon_mib = sampler.peak_mib(), sampler.peak_anon_mib()
-            self.drop_topic(topic)
-        if run.error:
-            self.errors.append(run.error)
-            print(f"  ERROR {run.error}", flush=True)
-        else:
-            print(f"  {what}: {run.seconds:.2f} s ({rows / run.seconds:,.0f} rows/s)"
-                  + (f", worker peak RSS {run.peak_rss_mib:.0f} MiB (anon {run.peak_anon_mib:.0f})"
-                     if run.peak_rss_mib else ""), flush=True)
-        return run
-
-    # ---- the four writers ---------------------------------------------------------------------------------
-    def spark_kafka(self, df: DataFrame) -> Callable[[str], None]:
-        def write(topic: str) -> None:
-            (df.write.format("kafka")
-             .option("kafka.bootstrap.servers", self.bootstrap)
-             .option("topic", topic)
-             .option("kafka.acks", "all")
-             .option("kafka.enable.idempotence", "true")
-             .mode("append").save())
-        return write
-
-    def recoverable(self, df: DataFrame, wal: bool, **extra: str) -> Callable[[str], dict[str, Any]]:
-        def write(topic: str) -> dict[str, Any]:
-            summary_path = OUT / "summary.jsonl"
-            options = {"summary.path": str(summary_path), **({} if wal else {"wal.enabled": "false"}), **extra}
-            sink_writer(df, self.bootstrap, topic, OUT / "wal", **options).save()
-            # The driver appends one line per write; the last one is this write's.
-            return json.loads(summary_path.read_text().splitlines()[-1])
-        return write
-
-    def raw_client(self, rows: int, value_bytes: int, headers: bool) -> Callable[[str], dict[str, Any]]:
-        """The raw client in a process of its own (bench.raw_client), which builds its records before it starts
-        its clock; the time counted is the one it reports."""
-        def write(topic: str) -> dict[str, Any]:
-            command = [sys.executable, "-m", "bench.raw_client", self.bootstrap, topic, str(rows), str(value_bytes)]
-            done = subprocess.run([*command, *(["--headers"] if headers else [])], cwd=REPO, capture_output=True,
-                                  text=True, timeout=1800)
-            if done.returncode != 0:
-                raise RuntimeError(f"bench.raw_client exited with {done.returncode}: {done.stderr.strip()[-500:]}")
-            return {"timed_seconds": json.loads(done.stdout.strip().splitlines()[-1])["seconds"]}
-        return write
-
-
-def spark_session() -> SparkSession:
-    # The sink's per-write INFO lines would drown the progress lines; its warnings (the kills) still show.
-    os.environ.setdefault("RECOVERABLE_KAFKA_LOG_LEVEL", "WARNING")
-    return local_spark("recoverable-sink-bench", **{"spark.driver.memory": "4g"})
-
-
-def frame(spark: SparkSession, rows: int, value_bytes: int, headers: bool = False,
-          partitions: int = DF_PARTITIONS) -> DataFrame:
-    """key = k<id % 100000>; value = "<id>:" padded with x to value_bytes (unique per row); with ``headers``,
-    two headers: source=bench and seq=<id>."""
-    from pyspark.sql import functions as F
-
-    columns = [
-        F.concat(F.lit("k"), (F.col("id") % DISTINCT_KEYS).cast("string")).alias("key"),
-        F.rpad(F.concat(F.col("id").cast("string"), F.lit(":")), value_bytes, "x").alias("value"),
-    ]
-    if headers:
-        columns.append(F.array(
-            F.struct(F.lit("source").alias("key"), F.lit("bench").cast("binary").alias("value")),
-            F.struct(F.lit("seq").alias("key"), F.col("id").cast("string").cast("binary").alias("value")),
-        ).alias("headers"))
-    return spark.range(0, rows, 1, partitions).select(*columns)
 
 
 def check_same_rows(df: DataFrame, rows: int, value_bytes: int, headers: bool) -> None:

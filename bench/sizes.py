@@ -21,8 +21,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.harness import frame, spark_session
 from bench.rss import WorkerRssSampler
-from bench.run import frame, spark_session
 from testing.kafka_check import count_topic
 from testing.kafka_local import REPO, create_topic, ensure_local
 from testing.spark import sink_writer
