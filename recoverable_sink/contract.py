@@ -5,11 +5,13 @@ Driver-side modules (``summary``, ``batch``, ``stream``) import this, never the 
 
 from __future__ import annotations
 
-import time
-import uuid
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
+
+# Re-exported: run ids are part of what driver and tasks agree on; they live apart so the CLI needs no pyspark.
+from recoverable_sink.runs import later_run as later_run
+from recoverable_sink.runs import new_run_id as new_run_id
 
 
 @dataclass(frozen=True)
@@ -68,24 +70,6 @@ class SinkCommitMessage(WriterCommitMessage):
 def stream_write_id(query_id: str, batch_id: int) -> str:
     """The write id of one micro-batch: stable across task retries and driver restarts from a checkpoint."""
     return f"{query_id}-b{batch_id:012d}"
-
-
-def new_run_id() -> str:
-    """The id of one run of a write (one driver-side writer): it sorts by the time the driver made it, so a
-    task can tell a newer run of its write from an older one, and ends with a random part."""
-    return f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
-
-
-def later_run(run: object, than: object) -> bool:
-    """Whether run id ``run`` was made after ``than``; False where either is not a time-ordered run id.
-
-    >>> later_run("00000000000000000002-ab", "00000000000000000001-cd"), later_run("x", "00000000000000000001-cd")
-    (True, False)
-    """
-    if not (isinstance(run, str) and isinstance(than, str)):
-        return False
-    a, b = run.split("-", 1)[0], than.split("-", 1)[0]
-    return len(a) == len(b) == 20 and a.isdigit() and b.isdigit() and a > b
 
 
 def stream_batch_of(write_id: str) -> int | None:

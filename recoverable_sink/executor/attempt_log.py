@@ -1,8 +1,8 @@
 """The WAL side of one task attempt (executor): its entry in the host's WAL, the stores and acknowledgement saves
 queued on the process's WAL thread, and what earlier attempts of the same partition left there.
 
-:class:`AttemptLog` is the WAL on; :class:`NoLog` (``wal.enabled=false``) has the same methods and keeps nothing,
-so the writers never ask which one they hold.
+:class:`AttemptLog` is the WAL on; :class:`NoLog` (``wal.enabled=false``) keeps nothing. Both are a
+:class:`LogOfAttempt`, the type the writers hold, so they never ask which one it is.
 """
 
 from __future__ import annotations
@@ -10,23 +10,22 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
+from typing import Protocol
 
 import pyarrow as pa
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.contract import TaskIdentity, later_run
-from recoverable_sink.errors import InputCutShortError
+from recoverable_sink.contract import TaskIdentity
+from recoverable_sink.errors import InputCutShortError, WalError
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns, earlier_run_attempts
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.wal import (
-    DONE,
     LOGGED,
     AttemptInfo,
     Wal,
     open_wal,
     release_generated_proof,
-    runs_here,
     sweep_now_and_then,
 )
 
@@ -48,6 +47,46 @@ def helper_thread(name: str) -> ThreadPoolExecutor:
 def attempt_name(attempt_key: str) -> str:
     """An attempt key without its write id and partition (unique on its own: time, attempt and a random part)."""
     return attempt_key.rsplit("/", 1)[-1]
+
+
+class LogOfAttempt(Protocol):
+    """What a writer holds of its attempt's log: :class:`AttemptLog`, or :class:`NoLog` with the WAL off. ``key``
+    is the attempt's path once begun (None before, and always without a WAL); ``priors`` the earlier attempts of
+    the partition found there."""
+
+    path: str | None
+    key: str | None
+    priors: list[AttemptInfo]
+
+    def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None: ...
+
+    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet: ...
+
+    def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None: ...
+
+    def earlier_attempts(self, ident: TaskIdentity) -> list[AttemptInfo]: ...
+
+    def earlier_runs(self, ident: TaskIdentity, attempts: list[AttemptInfo],
+                     all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns: ...
+
+    def end(self) -> None: ...
+
+    def drop(self) -> None: ...
+
+    def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
+              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[int] | None: ...
+
+    def save_acks(self, acks: Acks, sync: bool = True) -> None: ...
+
+    def wait(self) -> None: ...
+
+    def settle(self) -> list[Acks]: ...
+
+    def mark_logged(self, acks: Acks) -> None: ...
+
+    def finish(self, superseded: list[str], dropped: list[str] | None = None) -> None: ...
+
+    def purge(self, keys: list[str]) -> None: ...
 
 
 class NoLog:
@@ -103,7 +142,7 @@ class NoLog:
         """Nothing to purge."""
 
 
-class AttemptLog(NoLog):
+class AttemptLog:
     """One attempt's entry in the host's WAL. :meth:`open` sweeps expired entries and reads the earlier attempts
     of the partition; :meth:`begin` opens this attempt's entry (an exactly_once attempt whose partition an
     earlier transaction already holds never does).
@@ -114,7 +153,7 @@ class AttemptLog(NoLog):
 
     def __init__(self, wal: Wal, options: SinkOptions, priors: list[AttemptInfo]) -> None:
         self.wal = wal
-        self.path = wal.path
+        self.path: str | None = wal.path
         self.options = options
         self.priors = priors
         self.key: str | None = None
@@ -148,31 +187,25 @@ class AttemptLog(NoLog):
         write (``run`` in the identity: one driver-side writer, one SparkContext) Spark numbers task attempts in
         order, so an attempt that finds a later one of its run stands down before sending anything, whether that
         one still runs or not; across runs (attempt numbers start again in a new application) one begun later by a
-        live process here counts. One that finds an earlier attempt still sending waits (up to
-        ``wait_s``) for it to end with its acknowledgements saved. Each begins before it looks, so of two that
-        overlap one always sees the other."""
+        live process here counts (:meth:`AttemptInfo.later_than`). One that finds an earlier attempt still sending
+        (:meth:`AttemptInfo.still_sending`) waits (up to ``wait_s``) for it to end with its acknowledgements saved.
+        Each begins before it looks, so of two that overlap one always sees the other."""
         assert self.key is not None
-        mine = ident.extra.get("task_attempt_id")
-        run = ident.extra.get("run")
         deadline = time.monotonic() + wait_s
         waited = False
         while True:
-            self.priors = [a for a in self.wal.prior_attempts(ident.write_id, ident.partition) if a.key != self.key]
-            if not isinstance(mine, int):  # not in a Spark task: no order among attempts to go by
+            found = self.wal.prior_attempts(ident.write_id, ident.partition)
+            self.priors = [a for a in found if a.key != self.key]
+            if not isinstance(ident.extra.get("task_attempt_id"), int):  # not in a Spark task: no order to go by
                 return
-
-            def later(a: AttemptInfo) -> bool:
-                if run is not None and a.extra.get("run") == run:
-                    return _task_attempt(a) > mine
-                if later_run(a.extra.get("run"), run) or later_run(run, a.extra.get("run")):
-                    # Both runs are time-ordered by their drivers: a newer run of the write makes this one a zombie.
-                    return later_run(a.extra.get("run"), run)
-                return a.key > self.key and runs_here(a)  # another run: begun after this one (keys start with time)
-
-            if any(later(a) for a in self.priors):
+            own = next((a for a in found if a.key == self.key), None)
+            if own is None:
+                raise WalError(f"WAL {self.path}: attempt {self.key} is no longer in the log (purged while it ran?); "
+                               "this attempt stops before sending anything, and its retry starts afresh")
+            if any(a.later_than(own) for a in self.priors):
                 raise InputCutShortError(f"{ident.where}: Spark already started a later attempt of this task, so "
                                          "this one's JVM side is gone; it stands down without sending anything")
-            sending = [a for a in self.priors if a.state != DONE and "ended" not in a.extra and runs_here(a)]
+            sending = [a for a in self.priors if a.still_sending()]
             if not sending:
                 return
             if time.monotonic() >= deadline:
@@ -305,13 +338,7 @@ class AttemptLog(NoLog):
             self.wal.purge(keys)
 
 
-def _task_attempt(attempt: AttemptInfo) -> int:
-    """Spark's task attempt id of an attempt (larger for a later attempt in the same application), -1 if unknown."""
-    tid = attempt.extra.get("task_attempt_id")
-    return tid if isinstance(tid, int) else -1
-
-
-def open_log(options: SinkOptions, ident: TaskIdentity) -> NoLog:
+def open_log(options: SinkOptions, ident: TaskIdentity) -> LogOfAttempt:
     """The attempt's log: the host's WAL, or nothing when ``wal.enabled=false``."""
     return AttemptLog.open(options, ident) if options.wal_enabled else NoLog()
 

@@ -121,7 +121,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             return []
         by_name = {attempt_name(a.key): a for a in attempts}
         committed: dict[str, AttemptInfo] = {attempt_name(a.key): a for a in attempts
-                                             if a.state == DONE and a.extra.get("guarantee") == "exactly_once"}
+                                             if a.state == DONE and a.exactly_once}
         topic = self.plan.topic_option
         for partition in sorted({a.partition for a in attempts} | ({self.ident.partition} if own else set())):
             if partition == self.ident.partition:

@@ -23,8 +23,8 @@ from recoverable_sink.wal.retention import micro_batch_attempts
 
 
 def run_of(attempt: AttemptInfo) -> str | None:
-    run = attempt.extra.get("run")
-    return run if isinstance(run, str) else None
+    """The run of the write that began an attempt (None for one begun outside a Spark task)."""
+    return attempt.run
 
 
 def earlier_run_attempts(wal: Wal, ident: TaskIdentity, own_key: str | None) -> list[AttemptInfo]:
@@ -85,7 +85,7 @@ def settle_micro_batches(wal: Wal, ident: TaskIdentity) -> None:
     if ident.kind != "stream" or not isinstance(query_id, str) or not isinstance(batch, int):
         return
     attempts = micro_batch_attempts(wal, query_id)
-    later = sorted({b for a in attempts if (b := int(str(a.extra.get("batch_id", -1)))) > batch})
+    later = sorted({b for a in attempts if (b := a.micro_batch_of(query_id)) is not None and b > batch})
     if later:
         raise StaleAttemptError(
             f"{ident.where}: this host already ran micro-batch {later[-1]} of query {query_id}, which Spark starts "

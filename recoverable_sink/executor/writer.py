@@ -34,7 +34,7 @@ from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
-from recoverable_sink.executor.attempt_log import Acks, NoLog, open_log
+from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt, NoLog, open_log
 from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
@@ -139,7 +139,7 @@ class AtLeastOnceWriter:
         self.started = time.monotonic()
         self.max_message, self.max_message_name = _size_limit(options)
         self.ledger = Ledger()
-        self.log: NoLog = NoLog()
+        self.log: LogOfAttempt = NoLog()
         self.delivered = DeliveredSet()  # what earlier attempts of this run got acknowledged: skipped when met again
         # What earlier runs of the write delivered on this host, in any partition: a re-run's partitions may hold
         # other rows than the failed run's partitions of the same number.
@@ -192,7 +192,7 @@ class AtLeastOnceWriter:
             # An exactly_once attempt of an earlier run counts only once committed (done): an aborted transaction's
             # acknowledged records are not visible to read_committed readers.
             earlier = [a for a in self.log.earlier_attempts(self.ident)
-                       if a.extra.get("guarantee") != "exactly_once" or a.state == DONE]
+                       if not a.exactly_once or a.state == DONE]
             if earlier:
                 self.earlier = self.log.earlier_runs(self.ident, earlier, all_acknowledged=False)
                 log.info("%s: a re-run of write %s: %d records that earlier runs delivered on this host, in any "
@@ -362,7 +362,7 @@ class AtLeastOnceWriter:
         if self.ident.retry and not self.log.priors:
             message.unproven = message.published  # a retry with nothing to skip by: some may be repeats
         # An exactly_once attempt of an earlier run is not this mode's to finish: done means committed there.
-        self.log.finish([p.key for p in self.log.priors if p.extra.get("guarantee") != "exactly_once"])
+        self.log.finish([p.key for p in self.log.priors if not p.exactly_once])
 
     def abort(self) -> None:
         """After a failure: give records already handed over their chance to be acknowledged and persist what

@@ -56,9 +56,9 @@ def describe(wal: Wal, write_id: str | None) -> list[dict[str, object]]:
             acked += sum(seg.acked)
             size += seg.batch.nbytes if seg.batch is not None else 0
         rows.append({"write_id": a.write_id, "partition": a.partition, "attempt": a.attempt, "host": a.host,
-                     "state": a.state, "created": a.created, "age_s": round(now - a.created, 1),
+                     "state": a.state.value, "created": a.created, "age_s": round(now - a.created, 1),
                      "records": records, "acknowledged": acked, "unacknowledged": records - acked,
-                     "bytes": size, "topic": a.extra.get("topic"), "kind": a.extra.get("kind")})
+                     "bytes": size, "topic": a.topic, "kind": a.kind})
     return rows
 
 
@@ -220,18 +220,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(json.dumps(stats) if args.json else "\n".join(f"{k}: {v}" for k, v in stats.items()))
             sys.stdout.write("\n")
             return 0
-        attempts = wal.attempts(f"{args.write_id}/")
-        if not attempts:
+        # A purge lists the keys alone: it must reach attempts whose records this version cannot read.
+        keys = wal.attempt_keys(f"{args.write_id}/")
+        if not keys:
             raise RecoverableSinkError(f"write {args.write_id} is not in {wal.path} (`recoverable-kafka-wal list "
                                        f"--path {args.path}` shows the writes it holds)")
         if args.command == "purge":
-            freed = wal.purge([a.key for a in attempts])
+            freed = wal.purge(keys)
             if args.json:
-                sys.stdout.write(json.dumps({"write_id": args.write_id, "attempts": len(attempts),
+                sys.stdout.write(json.dumps({"write_id": args.write_id, "attempts": len(keys),
                                              "payload_bytes": freed}) + "\n")
-            log.info("purged %d attempt(s) of write %s (%d payload bytes)", len(attempts), args.write_id, freed)
+            log.info("purged %d attempt(s) of write %s (%d payload bytes)", len(keys), args.write_id, freed)
             return 0
-        return _replay(wal, args, attempts)
+        return _replay(wal, args, wal.attempts(f"{args.write_id}/"))
     except RecoverableSinkError as exc:
         log.error("%s", exc)
         return 1

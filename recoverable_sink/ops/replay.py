@@ -74,7 +74,7 @@ def check_cluster(write_id: str, attempts: list[AttemptInfo], target: str, allow
     were sent to, since their proof of delivery is that cluster's. Another cluster is refused (naming both ids)
     unless ``allow_other``; then records are sent there but nothing is recorded, so that a re-run against the
     write's own cluster still sends them."""
-    written = sorted({str(a.extra["cluster_id"]) for a in attempts if a.extra.get("cluster_id")})
+    written = sorted({a.cluster_id for a in attempts if a.cluster_id})
     if not written or written == [target]:
         return True
     if not allow_other:
@@ -103,7 +103,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
             f".option('wal.writeId', '{a.write_id}') instead: it sends only what was never acknowledged"
         )
     attempt, later = attempts[chosen], attempts[chosen + 1:]
-    if any(a.extra.get("guarantee") == "exactly_once" for a in attempts):
+    if any(a.exactly_once for a in attempts):
         # Its acknowledgements may belong to an aborted transaction, and a replay outside the partition's
         # transactional id would not be fenced nor leave a marker.
         raise NotFullyLogged(
@@ -118,7 +118,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
     counts = ReplayCounts()
     ledger = Ledger()
     producer.ledger = ledger
-    topic = attempt.extra.get("topic")
+    topic = attempt.topic
     for seg in wal.segments(attempt.key):
         counts.records += seg.count
         if seg.batch is None:  # every record acknowledged
@@ -129,8 +129,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         matched = acked_later.take(d for d, a in zip(split(seg.digests), seg.acked, strict=True) if not a)
         it = iter(matched.skip)
         skip = [bool(a) or next(it) for a in seg.acked]
-        sent = producer.send_segment(seg.batch, topic if isinstance(topic, str) else None, seg.first, skip,
-                                     ledger, options.scrub)
+        sent = producer.send_segment(seg.batch, topic, seg.first, skip, ledger, options.scrub)
         counts.sent += sent
         counts.already_delivered += seg.count - sent
         ledger.wait_for_acks(producer, delivery_timeout_s(options) + 30)

@@ -2,19 +2,21 @@
 of the executors on a host (LMDB serialises their write transactions across processes).
 
 This package re-exports what the sink, the CLI and the tests use; its modules each have one job:
-:mod:`.format` the bytes and key layout, :mod:`.env` the LMDB environments, :mod:`.store` an attempt's reads
-and writes (:class:`Wal`), :mod:`.retention` which logs may go.
+:mod:`.format` the bytes and key layout, :mod:`.attempt` the attempt record and the rules read from it,
+:mod:`.env` the LMDB environments, :mod:`.store` an attempt's reads and writes (:class:`Wal`),
+:mod:`.retention` which logs may go. Imports go one way: retention -> store -> attempt, format, env.
 """
 
 from __future__ import annotations
 
+from recoverable_sink.wal.attempt import DONE, LOGGED, OPEN, AttemptInfo, AttemptState, Owner, decode_attempt
 from recoverable_sink.wal.env import close_wal, close_wals, map_size
-from recoverable_sink.wal.format import DONE, LOGGED, OPEN, AttemptInfo, Segment
+from recoverable_sink.wal.format import Segment
 from recoverable_sink.wal.retention import (
     SweepResult,
     release_committed_batches,
     release_generated_proof,
-    runs_here,
+    sweep,
     sweep_now_and_then,
 )
 from recoverable_sink.wal.store import Wal, WalStats, open_wal
@@ -24,16 +26,19 @@ __all__ = [
     "LOGGED",
     "OPEN",
     "AttemptInfo",
+    "AttemptState",
+    "Owner",
     "Segment",
     "SweepResult",
     "Wal",
     "WalStats",
     "close_wal",
     "close_wals",
+    "decode_attempt",
     "map_size",
     "open_wal",
     "release_committed_batches",
     "release_generated_proof",
-    "runs_here",
+    "sweep",
     "sweep_now_and_then",
 ]

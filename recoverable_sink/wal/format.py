@@ -1,10 +1,11 @@
 """The WAL's bytes: its key layout, the segment and acknowledgement encodings with their CRC32s, the Arrow IPC
-payload, and attempt metadata. Nothing here opens LMDB.
+payload. Nothing here opens LMDB; the attempt record under ``m/`` is :mod:`.attempt`'s.
 
 Layout (one key space, prefix-scanned; ``A`` is an attempt's path ``<write id>/<partition>/<attempt key>``):
 
-    m/A            attempt metadata (JSON): write id, partition, attempt, host, created, cluster id, topic,
-                   and its state: ``open`` -> ``logged`` (the whole partition is in the log) -> ``done``
+    m/A            the attempt record (versioned JSON, ``"v": 1``; see :mod:`.attempt`): write id, partition,
+                   attempt, host, created, owner process, destination, run, and its state: ``open`` -> ``logged``
+                   (the whole partition is in the log) -> ``done``
     s/A/<seq>      a segment: the digests of a batch's records, then (until Kafka acknowledged all of them)
                    their Arrow IPC bytes; a CRC32 covers both
     a/A/<seq>      that segment's acknowledgement bitmap (one byte per record), with a CRC32
@@ -16,7 +17,7 @@ Layout (one key space, prefix-scanned; ``A`` is an attempt's path ``<write id>/<
 Every append is one transaction committed with fsync (``sync=True``) and carries the acknowledgement
 bitmaps that changed since the previous one. A segment whose records are all acknowledged is rewritten as
 its digests alone: the WAL holds payload only for what Kafka has not acknowledged, and keeps the digests as
-proof of delivery until the write is certainly committed (see :meth:`Wal.sweep`).
+proof of delivery until the write is certainly committed (see :func:`.retention.sweep`).
 
 >>> segment_key(b"w/000003/k", 42)
 b's/w/000003/k/000000000042'
@@ -26,10 +27,8 @@ b'a/w/000003/k/000000000042'
 
 from __future__ import annotations
 
-import json
 import struct
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -40,8 +39,6 @@ except ImportError:  # a spark-submit --py-files deployment without the wheel
 
 from recoverable_sink.errors import WalCorruptionError, WalError
 from recoverable_sink.identity import DIGEST_SIZE
-
-OPEN, LOGGED, DONE = "open", "logged", "done"
 
 META, SEGMENTS, ACKS, CLAIMS = b"m/", b"s/", b"a/", b"k/"
 USAGE_KEY = b"u"
@@ -66,20 +63,6 @@ class Segment:
     @property
     def end(self) -> int:
         return self.first + self.count
-
-
-@dataclass
-class AttemptInfo:
-    """An attempt's metadata as stored under ``m/``."""
-
-    key: str
-    write_id: str
-    partition: int
-    attempt: int
-    host: str
-    created: float
-    state: str = OPEN
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 # ---- keys -----------------------------------------------------------------------------------------------
@@ -217,32 +200,3 @@ def decode_segment(where: str, value: bytes, ack_value: bytes | None, payload: b
             )
         acked = bytearray(bitmap)
     return Segment(first=first, count=count, digests=digests, acked=acked, batch=batch)
-
-
-# ---- attempt metadata -----------------------------------------------------------------------------------
-def encode_meta(meta: dict[str, object]) -> bytes:
-    return json.dumps(meta).encode()
-
-
-def with_state(raw: bytes, state: str) -> bytes:
-    """An ``m/`` entry's value with its state changed (``done`` with the time, ``done_at``), everything else as it
-    was."""
-    meta = json.loads(raw)
-    meta["state"] = state
-    if state == DONE:
-        meta.setdefault("done_at", time.time())
-    return json.dumps(meta).encode()
-
-
-def decode_attempt(path: str, k: bytes, v: bytes) -> AttemptInfo:
-    """An ``m/`` entry as an AttemptInfo; ``path`` (the WAL's) names it in the error when it is not valid."""
-    try:
-        meta = json.loads(v)
-        return AttemptInfo(key=k[2:].decode(), write_id=meta.pop("write_id"), partition=meta.pop("partition"),
-                           attempt=meta.pop("attempt"), host=meta.pop("host"), created=meta.pop("created"),
-                           state=meta.pop("state", OPEN), extra=meta)
-    except (ValueError, KeyError):
-        raise WalCorruptionError(
-            f"WAL {path}: metadata entry {k.decode(errors='replace')} is not valid; inspect it with "
-            "`recoverable-kafka-wal list`, then purge that attempt"
-        ) from None

@@ -1,19 +1,15 @@
-"""Retention: which attempt logs may go. The sweep of old attempts that hold only proof of delivery (with the
-liveness of the process that began each one), and the release of committed micro-batches' logs."""
+"""Retention: which attempt logs may go. The sweep of old attempts that hold only proof of delivery, the release
+of generated-id writes' proof, and of committed micro-batches' logs; each judges an attempt by its record's rules
+(:mod:`.attempt`)."""
 
 from __future__ import annotations
 
-import functools
-import os
-import socket
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.wal.format import DONE, AttemptInfo
-
-if TYPE_CHECKING:
-    from recoverable_sink.wal.store import Wal
+from recoverable_sink.wal.attempt import AttemptInfo
+from recoverable_sink.wal.store import Wal
 
 log = get_logger("wal")
 
@@ -37,7 +33,7 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None) -> SweepResult
         return SweepResult(0, 0)
     # Not finished: kept while its process may still run it; once that process is gone it is a failed
     # attempt's proof of delivery, kept for the retention like a finished one's.
-    unfinished = {a.key for a in old if a.state != DONE and "ended" not in a.extra and _alive(a.extra.get("owner"))}
+    unfinished = {a.key for a in old if a.may_be_running()}
     holding = wal.holding_payload([a.key for a in old if a.key not in unfinished])
     kept = [a for a in old if a.key in unfinished or a.key in holding]
     removable = [a for a in old if a.key not in unfinished and a.key not in holding]
@@ -56,12 +52,12 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None) -> SweepResult
 
 
 def sweep_now_and_then(wal: Wal, retention_s: float) -> None:
-    """Run :meth:`Wal.sweep` at most every 10 minutes per WAL and process (tasks call this as they start)."""
+    """Run :func:`sweep` at most every 10 minutes per WAL and process (tasks call this as they start)."""
     now = time.time()
     if now - _last_sweep.get(wal.path, 0.0) < _SWEEP_EVERY_S:
         return
     _last_sweep[wal.path] = now
-    wal.sweep(retention_s, now)
+    sweep(wal, retention_s, now)
 
 
 _RELEASE_EVERY_S = 30.0
@@ -79,8 +75,7 @@ def release_generated_proof(wal: Wal, grace_s: float, now: float | None = None) 
     if now - _last_release.get(wal.path, 0.0) < min(_RELEASE_EVERY_S, grace_s):
         return 0
     _last_release[wal.path] = now
-    done = [a.key for a in wal.attempts() if a.state == DONE and a.extra.get("generated") is True
-            and now - float(str(a.extra.get("done_at", a.created))) > grace_s]
+    done = [a.key for a in wal.attempts() if a.generated_proof_expired(now, grace_s)]
     if done:
         freed = wal.purge(done)
         log.debug("WAL %s: released the proof of %d finished attempt(s) of generated-id writes (%d payload bytes)",
@@ -90,7 +85,7 @@ def release_generated_proof(wal: Wal, grace_s: float, now: float | None = None) 
 
 def micro_batch_attempts(wal: Wal, query_id: str) -> list[AttemptInfo]:
     """The attempts of every micro-batch of ``query_id`` logged here."""
-    return [a for a in wal.attempts(f"{query_id}-b") if a.extra.get("query_id") == query_id]
+    return [a for a in wal.attempts(f"{query_id}-b") if a.query_id == query_id]
 
 
 def release_committed_batches(wal: Wal, query_id: str, batch_id: int,
@@ -100,55 +95,9 @@ def release_committed_batches(wal: Wal, query_id: str, batch_id: int,
     payload left by a failed attempt was delivered by the attempt that succeeded). ``attempts``: the query's, as
     :func:`micro_batch_attempts` read them (read here when not given). Returns attempts removed."""
     found = micro_batch_attempts(wal, query_id) if attempts is None else attempts
-    stale = [a.key for a in found if int(str(a.extra.get("batch_id", batch_id))) < batch_id]
+    stale = [a.key for a in found if (batch := a.micro_batch_of(query_id)) is not None and batch < batch_id]
     if stale:
         freed = wal.purge(stale)
         log.debug("WAL %s: released %d attempt log(s) of committed micro-batches of query %s (%d payload bytes)",
                   wal.path, len(stale), query_id, freed)
     return len(stale)
-
-
-# ---- the process that began an attempt ------------------------------------------------------------------
-@functools.cache
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
-def _started(pid: int) -> str | None:
-    """A process's start time (clock ticks since boot), which tells it from a later process with its pid."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def this_process() -> dict[str, object]:
-    """Who begins an attempt, as its metadata records it (``owner``): host, boot, pid and its start time."""
-    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": os.getpid(), "started": _started(os.getpid())}
-
-
-def runs_here(attempt: AttemptInfo) -> bool:
-    """Whether the process that began an attempt is known to run still on this host (same boot, pid and start
-    time): unlike ``_alive``, a process this host cannot see counts as not running."""
-    owner = attempt.extra.get("owner")
-    if not isinstance(owner, dict) or not owner.get("started"):
-        return False
-    if owner.get("host") != socket.gethostname() or owner.get("boot") != _boot_id():
-        return False
-    return _started(int(str(owner.get("pid")))) == owner.get("started")
-
-
-def _alive(owner: object) -> bool:
-    """Whether the process that began an attempt may still run: yes unless it is known to be gone (same host
-    and boot, and no process with its pid and start time). An attempt written before owners were recorded
-    counts as gone."""
-    if not isinstance(owner, dict):
-        return False
-    if owner.get("host") != socket.gethostname() or owner.get("boot") != _boot_id() or not owner.get("started"):
-        return True  # another host's or boot's process: not knowable from here, so kept
-    return _started(int(str(owner.get("pid")))) == owner.get("started")

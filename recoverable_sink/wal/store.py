@@ -3,12 +3,11 @@ acknowledgements, compaction of acknowledged segments, state changes, finish, pu
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import lmdb
@@ -16,28 +15,23 @@ import pyarrow as pa
 
 from recoverable_sink.errors import WalError, WalFullError
 from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet
-from recoverable_sink.wal import retention
+from recoverable_sink.wal.attempt import DONE, AttemptInfo, AttemptState, Owner, decode_attempt
 from recoverable_sink.wal.env import Gate, Transactions, check_room, open_env
 from recoverable_sink.wal.format import (
     ACKS,
     ALL_ACKED,
-    DONE,
     META,
-    OPEN,
     SEGMENTS,
     USAGE_KEY,
-    AttemptInfo,
     Segment,
     ack_key,
     ack_key_of,
     all_acked,
     claims_prefix,
-    decode_attempt,
     decode_claims,
     decode_segment,
     encode_acks,
     encode_claims,
-    encode_meta,
     encode_segment,
     meta_key,
     payload_len,
@@ -45,7 +39,6 @@ from recoverable_sink.wal.format import (
     segment_key,
     segment_value,
     segments_start,
-    with_state,
 )
 
 
@@ -69,16 +62,18 @@ class Wal(Transactions):
         self._appended: dict[bytes, tuple[bytes, int]] = {}
 
     # ---- attempts -------------------------------------------------------------------------------------
-    def begin_attempt(self, write_id: str, partition: int, attempt: int, extra: dict[str, object]) -> str:
-        """Register a new attempt and return its path ``<write id>/<partition>/<attempt key>``.
+    def begin_attempt(self, write_id: str, partition: int, attempt: int, fields: Mapping[str, object]) -> str:
+        """Register a new attempt and return its path ``<write id>/<partition>/<attempt key>``. ``fields``: the
+        task identity's ``extra`` and what the writer adds (kind, topic, cluster id, guarantee), recorded in its
+        :class:`AttemptInfo` with this process as its owner.
 
         The attempt key starts with the creation time so a prefix scan lists attempts oldest first, and
         ends with a random part so a restarted application cannot collide with an old log."""
         created = time.time()
         key = f"{write_id}/{partition:06d}/{time.time_ns():020d}-{attempt:03d}-{uuid.uuid4().hex[:8]}"
-        meta = {**extra, "write_id": write_id, "partition": partition, "attempt": attempt,
-                "host": socket.gethostname(), "created": created, "state": OPEN, "owner": retention.this_process()}
-        self._write(lambda txn: txn.put(meta_key(key), encode_meta(meta)))
+        record = AttemptInfo.begun(key, write_id, partition, attempt, fields, host=socket.gethostname(),
+                                   created=created, owner=Owner.this_process())
+        self._write(lambda txn: txn.put(meta_key(key), record.encode()))
         return key
 
     def attempts(self, prefix: str = "") -> list[AttemptInfo]:
@@ -92,8 +87,23 @@ class Wal(Transactions):
             for k, v in cursor:
                 if not k.startswith(start):
                     break
-                found.append(decode_attempt(self.path, k, v))
+                found.append(decode_attempt(self.path, k[len(META):].decode(), v))
         return found
+
+    def attempt_keys(self, prefix: str = "") -> list[str]:
+        """The paths of the attempts :meth:`attempts` would list, without decoding their records (a purge must reach
+        those it cannot read)."""
+        start = meta_key(prefix)
+        with self._read() as txn:
+            cursor = txn.cursor()
+            if not cursor.set_range(start):
+                return []
+            keys = []
+            for k in cursor.iternext(keys=True, values=False):
+                if not k.startswith(start):
+                    break
+                keys.append(k[len(META):].decode())
+        return keys
 
     def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
         """What these attempts logged, and which of it Kafka acknowledged, as a multiset of record digests.
@@ -109,7 +119,7 @@ class Wal(Transactions):
         """Every attempt of this write's partition logged here, oldest first (asked before a new one begins)."""
         return self.attempts(f"{write_id}/{partition:06d}/")
 
-    def set_state(self, attempt_key: str, state: str, acks: dict[int, bytearray] | None = None) -> None:
+    def set_state(self, attempt_key: str, state: AttemptState, acks: dict[int, bytearray] | None = None) -> None:
         """Move an attempt to ``logged`` or ``done``, with the acknowledgement bitmaps that changed."""
         def body(txn: lmdb.Transaction) -> None:
             self._put_acks(txn, attempt_key, acks or {})
@@ -121,9 +131,7 @@ class Wal(Transactions):
     def end_attempt(self, attempt_key: str) -> None:
         """Note that a failed attempt stopped sending, its acknowledgements saved: a retry waiting for it goes on."""
         def body(txn: lmdb.Transaction) -> None:
-            meta = json.loads(self._require_attempt(txn, attempt_key))
-            meta["ended"] = time.time()
-            txn.put(meta_key(attempt_key), encode_meta(meta))
+            txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_end(time.time()).encode())
 
         self._write(body)
 
@@ -134,8 +142,11 @@ class Wal(Transactions):
                            "this attempt stops before sending anything more, and its retry starts afresh")
         return raw
 
-    def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: str) -> None:
-        txn.put(meta_key(attempt_key), with_state(self._require_attempt(txn, attempt_key), state))
+    def _record(self, txn: lmdb.Transaction, attempt_key: str) -> AttemptInfo:
+        return decode_attempt(self.path, attempt_key, self._require_attempt(txn, attempt_key))
+
+    def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: AttemptState) -> None:
+        txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_state(state, time.time()).encode())
 
     # ---- writing --------------------------------------------------------------------------------------
     def append(self, attempt_key: str, first: int, batch: pa.RecordBatch, digests: bytes, max_bytes: int,
@@ -335,10 +346,6 @@ class Wal(Transactions):
         while cursor.key().startswith(prefix):
             if not cursor.delete():
                 break
-
-    def sweep(self, retention_s: float, now: float | None = None) -> retention.SweepResult:
-        """Remove old attempts that hold only proof of delivery (see :func:`retention.sweep`)."""
-        return retention.sweep(self, retention_s, now)
 
     def holding_payload(self, attempt_keys: list[str]) -> set[str]:
         """Which of these attempts still hold a segment with records Kafka never acknowledged (one read)."""

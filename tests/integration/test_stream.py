@@ -71,7 +71,7 @@ def test_file_stream_writes_every_record_once(spark, kafka, new_topic, tmp_path)
     assert all(b["event"] == "commit" and b["acknowledged"] == 5000 for b in batches)
     # Proof of delivery of the last batch stays until a later batch runs: digests only, no payload.
     wal = open_wal(str(tmp_path / "wal"))
-    assert {a.extra["batch_id"] for a in wal.attempts()} == {1}
+    assert {a.batch_id for a in wal.attempts()} == {1}
     assert all(a.state == "done" for a in wal.attempts()) and wal.stats().payload_bytes == 0
 
 
@@ -131,7 +131,7 @@ def test_driver_killed_mid_batch_restarts_with_every_record_once(kafka, new_topi
     assert rerun["batch_id"] == 0 and rerun["skipped"] >= pause_at, rerun
     # Proof of delivery of the last batch stays until a later batch runs: digests only, no payload.
     wal = open_wal(str(tmp_path / "wal"))
-    assert {a.extra["batch_id"] for a in wal.attempts()} == {FILES - 1}
+    assert {a.batch_id for a in wal.attempts()} == {FILES - 1}
     assert all(a.state == "done" for a in wal.attempts()) and wal.stats().payload_bytes == 0
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from recoverable_sink.errors import WalCorruptionError, WalError, WalFullError
 from recoverable_sink.identity import record_digests
-from recoverable_sink.wal import DONE, close_wals, open_wal
+from recoverable_sink.wal import DONE, close_wals, open_wal, sweep
 from recoverable_sink.wal import env as wal_env
 from recoverable_sink.wal import format as wal_format
 from recoverable_sink.wal.format import encode_segment, segment_value
@@ -50,7 +50,7 @@ def test_segments_round_trip_with_their_acknowledgements(wal_dir):
         (2, [b"c"], b"\x00"),
     ]
     [info] = wal.attempts("w1/")
-    assert (info.write_id, info.partition, info.attempt, info.extra["kind"]) == ("w1", 3, 0, "batch")
+    assert (info.write_id, info.partition, info.attempt, info.kind) == ("w1", 3, 0, "batch")
 
 
 def test_purge_removes_everything_of_the_attempt_and_frees_its_bytes(wal_dir):
@@ -271,7 +271,7 @@ def test_sweep_removes_old_proof_of_finished_attempts_only(wal_dir):
     running = wal.begin_attempt("running", 0, 0, {})
     append(wal, running, 0, batch([b"c"]))
     wal.save_acks(running, {0: bytearray(b"\x01")})
-    removed, kept = wal.sweep(retention_s=3600, now=time.time() + 7200)
+    removed, kept = sweep(wal, retention_s=3600, now=time.time() + 7200)
     assert (removed, kept) == (1, 2)
     assert sorted(a.write_id for a in wal.attempts()) == ["failed", "running"]
     append(wal, running, 1, batch([b"d"]))  # it goes on writing
@@ -398,7 +398,7 @@ def test_sweep_removes_an_unfinished_attempt_once_its_process_is_gone_and_it_hol
     mine = wal.begin_attempt("running", 0, 0, {})  # this process's: still running
     append(wal, mine, 0, batch([b"c"]))
     wal.save_acks(mine, {0: bytearray(b"\x01")})
-    assert wal.sweep(retention_s=3600, now=time.time() + 7200) == (1, 1)
+    assert sweep(wal, retention_s=3600, now=time.time() + 7200) == (1, 1)
     assert [a.write_id for a in wal.attempts()] == ["running"]
 
 
