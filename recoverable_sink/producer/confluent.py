@@ -1,5 +1,5 @@
-"""The confluent-kafka producer (executor): the sink's producer interface over confluent-kafka's ``Producer``,
-one ``produce()`` call per record. It runs where the ``_produce`` extension is not built (``--py-files``, no C
+"""The confluent-kafka producer (executor): the sink's producer interface over a confluent-kafka ``Producer`` it
+holds, one ``produce()`` call per record. It runs where the ``_produce`` extension is not built (``--py-files``, no C
 compiler) or ``producer.native=false``; failure reports are matched to records by content (topic, key, value).
 """
 
@@ -18,37 +18,20 @@ from recoverable_sink.producer.arguments import KafkaRecords, to_records
 from recoverable_sink.producer.failures import fatal_errors, refused
 from recoverable_sink.producer.ledger import Ledger
 
+FailureReport = Callable[[KafkaError | None, Message], None]  # confluent-kafka's on_delivery
 
-class RecordsSender:
-    """The producer interface's sending and metadata calls, in terms of a librdkafka client's ``produce``,
-    ``poll`` and ``list_topics`` (confluent-kafka's, or a test's stand-in for it)."""
+
+class ConfluentProducer:
+    """The sink's producer interface over a librdkafka client it holds (``client``): confluent-kafka's ``Producer``
+    (:meth:`open`), or a test's stand-in with its calls (``produce``, ``poll``, ``flush``, ``len()``, ``purge``,
+    ``list_topics`` and the transaction calls). The client reports failed deliveries only, to the ledger of the task
+    using this producer (``ledger``). Records go to the client's own ``produce``, no Python call of ours between."""
 
     kind = "confluent"
 
-    def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
-                     ledger: Ledger, scrub: Callable[[str], str]) -> int:
-        return produce(self, to_records(batch), topic, seg_first, skip, ledger, scrub,  # type: ignore[arg-type]
-                       lambda: to_records(batch))
-
-    def connect(self, timeout_s: float, topic: str | None = None) -> str | None:
-        try:
-            self.list_topics(topic, timeout=timeout_s)  # type: ignore[attr-defined]
-        except KafkaException as exc:
-            return str(exc)
-        return None
-
-    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
-        meta = self.list_topics(topic, timeout=timeout_s).topics.get(topic)  # type: ignore[attr-defined]
-        if meta is None or meta.error is not None:
-            return -1, meta.error.str() if meta is not None and meta.error is not None else "no metadata"
-        return len(meta.partitions), None
-
-
-class ConfluentProducer(RecordsSender, Producer):
-    """confluent-kafka's producer reporting failed deliveries only, to the ledger of the task using it."""
-
-    def __init__(self, conf: dict[str, Any], client_conf: dict[str, Any] | None = None) -> None:
-        # A plain function over a one-item list: the producer holds its callback, and a callback holding the
+    def __init__(self, make_client: Callable[[FailureReport], Any], client_conf: dict[str, Any] | None = None) -> None:
+        """``make_client(on_failure)``: the client, made to report its failed deliveries to ``on_failure``."""
+        # A plain function over a one-item list: the client holds its callback, and a callback holding the
         # producer (a bound method) would make a cycle that only the garbage collector breaks.
         slot: list[Ledger | None] = [None]
 
@@ -57,11 +40,16 @@ class ConfluentProducer(RecordsSender, Producer):
             if err is not None and ledger is not None:
                 ledger.on_failure(err, msg)
 
-        # librdkafka's log lines to the sink's logger (served by poll), as the native producer's go.
-        super().__init__({**conf, "delivery.report.only.error": True, "on_delivery": on_failure,
-                          "logger": get_logger("librdkafka")})
+        self.client = make_client(on_failure)
         self._slot = slot
         self._client_conf = client_conf  # for the consumer that carries a commit marker's group metadata
+
+    @classmethod
+    def open(cls, conf: dict[str, Any], client_conf: dict[str, Any] | None = None) -> ConfluentProducer:
+        """confluent-kafka's producer with configuration ``conf``, reporting failed deliveries only; librdkafka's
+        log lines go to the sink's logger (served by poll), as the native producer's do."""
+        return cls(lambda on_failure: Producer({**conf, "delivery.report.only.error": True, "on_delivery": on_failure,
+                                                "logger": get_logger("librdkafka")}), client_conf)
 
     @property
     def ledger(self) -> Ledger | None:
@@ -71,6 +59,42 @@ class ConfluentProducer(RecordsSender, Producer):
     def ledger(self, ledger: Ledger | None) -> None:
         self._slot[0] = ledger
 
+    def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
+                     ledger: Ledger, scrub: Callable[[str], str]) -> int:
+        return produce(self.client, to_records(batch), topic, seg_first, skip, ledger, scrub,
+                       lambda: to_records(batch))
+
+    def poll(self, timeout: float = 0) -> int:
+        return self.client.poll(timeout)
+
+    def flush(self, timeout: float = -1) -> int:
+        return self.client.flush(timeout)
+
+    def __len__(self) -> int:
+        return len(self.client)
+
+    def purge(self) -> None:
+        self.client.purge()
+
+    def connect(self, timeout_s: float, topic: str | None = None) -> str | None:
+        try:
+            self.client.list_topics(topic, timeout=timeout_s)
+        except KafkaException as exc:
+            return str(exc)
+        return None
+
+    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
+        meta = self.client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return -1, meta.error.str() if meta is not None and meta.error is not None else "no metadata"
+        return len(meta.partitions), None
+
+    def init_transactions(self, timeout_s: float) -> None:
+        self.client.init_transactions(timeout_s)
+
+    def begin_transaction(self) -> None:
+        self.client.begin_transaction()
+
     def send_marker(self, group: str, topic: str, partition: int, offset: int, metadata: str,
                     timeout_s: float) -> None:
         """confluent-kafka takes a group's metadata only from a consumer (which never subscribes here)."""
@@ -78,9 +102,15 @@ class ConfluentProducer(RecordsSender, Producer):
         consumer = Consumer({**self._client_conf, "group.id": group, "enable.auto.commit": "false"})
         try:
             marker = TopicPartition(topic, partition, offset, metadata)
-            self.send_offsets_to_transaction([marker], consumer.consumer_group_metadata(), timeout_s)
+            self.client.send_offsets_to_transaction([marker], consumer.consumer_group_metadata(), timeout_s)
         finally:
             consumer.close()
+
+    def commit_transaction(self, timeout_s: float) -> None:
+        self.client.commit_transaction(timeout_s)
+
+    def abort_transaction(self, timeout_s: float) -> None:
+        self.client.abort_transaction(timeout_s)
 
 
 # produce()'s own defaults for its optional positional arguments: key, partition, on_delivery, callback,

@@ -31,7 +31,7 @@ def new_producer(conf: dict[str, Any], native: bool, client_conf: dict[str, Any]
     settings without the producer's) is needed by confluent-kafka's for a transaction's commit marker."""
     if native and native_module() is not None:
         return NativeProducer(conf)
-    return ConfluentProducer(conf, client_conf)
+    return ConfluentProducer.open(conf, client_conf)
 
 
 class ProducerPool:

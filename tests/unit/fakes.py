@@ -1,5 +1,6 @@
-"""A stand-in for librdkafka's producer, for unit tests of the task's bookkeeping only (no guarantee is
-claimed from it: the integration tests prove those on a real broker)."""
+"""A stand-in for librdkafka's producer (confluent-kafka's ``Producer``), for unit tests of the task's bookkeeping
+only (no guarantee is claimed from it: the integration tests prove those on a real broker). The sink uses it as it
+uses the real one, through :class:`ConfluentProducer` (:func:`sink_producer`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
 
-from recoverable_sink.producer.confluent import RecordsSender
+from recoverable_sink.producer.confluent import ConfluentProducer, FailureReport
 
 
 @dataclass
@@ -46,10 +47,10 @@ def _bytes(data: str | bytes | None) -> bytes | None:
 
 
 @dataclass
-class FakeProducer(RecordsSender):
-    """librdkafka's client under the sink's confluent-kafka adapter (:class:`RecordsSender`). Queues records;
-    ``poll``/``flush`` acknowledge them (all, or up to ``ack_budget``) into ``delivered``, reporting failures
-    only, as the sink's producers do (``delivery.report.only.error``), to ``ledger``. ``fail`` makes every
+class FakeProducer:
+    """confluent-kafka's ``Producer`` (librdkafka's client), faked. Queues records; ``poll``/``flush``
+    acknowledge them (all, or up to ``ack_budget``) into ``delivered``, reporting failures only, as the sink's
+    producers do (``delivery.report.only.error``), to ``on_delivery``. ``fail`` makes every
     delivery fail with that error instead. After ``fatal_after`` acknowledgements the producer turns fatal, the
     way confluent-kafka shows it: the first call raises a SystemError caused by the fatal KafkaException (a
     delivery callback ran with the error set), later calls the KafkaException."""
@@ -64,7 +65,7 @@ class FakeProducer(RecordsSender):
     refuse: bytes | None = None  # produce() refuses this value as too large
     queue: list[Sent] = field(default_factory=list)
     delivered: list[Sent] = field(default_factory=list)
-    ledger: Any = None
+    on_delivery: FailureReport | None = None  # confluent-kafka's on_delivery setting
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int = -1,
                 on_delivery: Callable[..., Any] | None = None, callback: object = None, timestamp: int = 0,
@@ -97,7 +98,7 @@ class FakeProducer(RecordsSender):
                 self._fatal()
             sent = self.queue.pop(0)
             if self.fail is not None:
-                self.ledger.on_failure(self.fail, _Msg(sent))
+                self.on_delivery(self.fail, _Msg(sent))
                 continue
             if self.ack_budget is not None:
                 self.ack_budget -= 1
@@ -113,7 +114,7 @@ class FakeProducer(RecordsSender):
         if left and self.expire:
             timed_out = KafkaError(KafkaError._MSG_TIMED_OUT, "Local: Message timed out")
             for sent in self.queue:
-                self.ledger.on_failure(timed_out, _Msg(sent))
+                self.on_delivery(timed_out, _Msg(sent))
             self.queue.clear()
         return len(self.queue)
 
@@ -126,3 +127,13 @@ class FakeProducer(RecordsSender):
 
     def values(self) -> list[bytes | None]:
         return [s.value for s in self.delivered]
+
+
+def sink_producer(fake: FakeProducer) -> ConfluentProducer:
+    """The sink's confluent-kafka producer over ``fake``, which reports its failed deliveries to it."""
+
+    def made(on_failure: FailureReport) -> FakeProducer:
+        fake.on_delivery = on_failure
+        return fake
+
+    return ConfluentProducer(made)

@@ -18,7 +18,7 @@ from recoverable_sink.identity import record_digests
 from recoverable_sink.ops.replay import NotFullyLogged, replay_partition
 from recoverable_sink.options import parse_options
 from recoverable_sink.wal import DONE, LOGGED, OPEN, open_wal
-from tests.unit.fakes import FakeProducer
+from tests.unit.fakes import FakeProducer, sink_producer
 
 PLAN = SchemaPlan(columns=("key", "value"), topic_option="t")
 # A short delivery timeout: the fake never acknowledges what its budget excludes, and the sink waits that long.
@@ -45,7 +45,7 @@ def crash_after(opts, data: list[bytes], acked: int | None = None, attempt: int 
     as after SIGKILL)."""
     acked = len(data) if acked is None else acked
     producer = FakeProducer()
-    writer = open_writer(opts, plan, TaskIdentity(write_id, 0, attempt), "c1", producer=producer)
+    writer = open_writer(opts, plan, TaskIdentity(write_id, 0, attempt), "c1", producer=sink_producer(producer))
 
     for b in batches(data[:acked]):
         writer.write(b)
@@ -58,7 +58,7 @@ def crash_after(opts, data: list[bytes], acked: int | None = None, attempt: int 
 
 def finish(opts, producer: FakeProducer, data: list[bytes], attempt: int, plan: SchemaPlan = PLAN,
            write_id: str = "w", cluster: str = "c1"):
-    writer = open_writer(opts, plan, TaskIdentity(write_id, 0, attempt), cluster, producer=producer)
+    writer = open_writer(opts, plan, TaskIdentity(write_id, 0, attempt), cluster, producer=sink_producer(producer))
     for b in batches(data):
         writer.write(b)
     return writer.commit()
@@ -94,7 +94,7 @@ def test_drains_in_mid_partition_queue_their_saves_behind_the_stores_and_a_retry
     has done what was queued (a kill lands after it), the retry skips exactly what Kafka acknowledged."""
     monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 1e-6)
     opts, data = options(wal_dir), rows(1000)
-    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(FakeProducer()))
     for b in batches(data):
         writer.write(b)
     writer.log.wait()  # what the drains queued is done; then the kill
@@ -139,7 +139,7 @@ def test_a_fatal_producer_error_fails_the_task_naming_it_and_a_retry_skips_what_
     the retry; the 200 acknowledged after it were never reported, so they are sent again (never lost)."""
     opts = options(wal_dir)
     first = FakeProducer(fatal_after=500)
-    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=first)
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(first))
     fatal = r"partition 0 \(attempt 0\) of write w: fatal producer error: _FENCED"
     with pytest.raises(FatalProducerError, match=fatal):
         for i, b in enumerate(batches(rows(1000))):
@@ -164,7 +164,7 @@ def test_records_delivered_earlier_but_not_recomputed_are_reported_as_diverged(w
 def test_wal_refusal_lets_no_later_batch_into_the_log(wal_dir):
     # Each 100-record batch is ~1.5 KB of Arrow IPC: the bound admits the first and refuses the second.
     opts = options(wal_dir, **{"wal.maxBytes": "2500"})
-    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer(ack_budget=0))
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(FakeProducer(ack_budget=0)))
     with pytest.raises(WalFullError, match="wal.maxBytes=2500"):
         for b in batches(rows(500)):
             writer.write(b)
@@ -186,7 +186,7 @@ def test_acknowledgements_carried_by_a_refused_batch_are_saved_by_the_abort_and_
     opts = options(wal_dir, **{"wal.maxBytes": "4000"})
     data = rows(400)
     producer = FakeProducer()
-    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=producer)
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(producer))
     writer.write(batches(data[:100])[0])
     writer.write(batches(data[100:200])[0])  # hands the first batch to the producer
     writer.ledger.serve(producer)  # its 100 records acknowledged, not saved yet
@@ -204,7 +204,7 @@ def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_
     monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 3600.0)
     opts = options(wal_dir)
     data = rows(300)
-    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=FakeProducer())
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(FakeProducer()))
     for b in batches(data):
         writer.write(b)
     real, calls = writer.log.wal.save_acks, []
@@ -230,7 +230,7 @@ def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_
 def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothing(wal_dir):
     opts = options(wal_dir)
     writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1",
-                             producer=FakeProducer(ack_budget=321, expire=True))
+                             producer=sink_producer(FakeProducer(ack_budget=321, expire=True)))
     for b in batches(rows(1000)):
         writer.write(b)
     with pytest.raises(DeliveryError, match="did not acknowledge 679 of 1000"):
@@ -239,7 +239,7 @@ def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothin
     [attempt] = wal.attempts("w/")
     assert attempt.state == LOGGED
     producer = FakeProducer()
-    counts = replay_partition(wal, wal.attempts("w/"), KAFKA, producer=producer)
+    counts = replay_partition(wal, wal.attempts("w/"), KAFKA, producer=sink_producer(producer))
     assert (counts.records, counts.sent, counts.already_delivered) == (1000, 679, 321)
     assert sorted(producer.values()) == rows(1000)[321:]
     rerun = FakeProducer()
@@ -251,7 +251,7 @@ def test_replay_refuses_a_partition_never_fully_logged(wal_dir):
     crash_after(opts, rows(300), acked=10)
     wal = open_wal(wal_dir)
     with pytest.raises(NotFullyLogged, match="wal.writeId"):
-        replay_partition(wal, wal.attempts("w/"), KAFKA, producer=FakeProducer())
+        replay_partition(wal, wal.attempts("w/"), KAFKA, producer=sink_producer(FakeProducer()))
 
 
 def test_replay_refuses_an_exactly_once_write_whose_acks_may_belong_to_an_aborted_transaction(wal_dir):
@@ -259,7 +259,7 @@ def test_replay_refuses_an_exactly_once_write_whose_acks_may_belong_to_an_aborte
     key = wal.begin_attempt("w", 0, 0, {"guarantee": "exactly_once"})
     wal.set_state(key, LOGGED, {})
     with pytest.raises(NotFullyLogged, match="exactly_once.*wal.writeId"):
-        replay_partition(wal, wal.attempts("w/"), KAFKA, producer=FakeProducer())
+        replay_partition(wal, wal.attempts("w/"), KAFKA, producer=sink_producer(FakeProducer()))
 
 
 @pytest.mark.parametrize("column", ["partition", "timestamp", "headers"])
@@ -316,8 +316,8 @@ def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_onc
 
     values = [b"%d" % i for i in range(10)]
     records, ledger = _records(values)
-    producer = FakeProducer(queue_max=3)  # poll() empties the queue: room comes back while produce() waits
-    producer.ledger = ledger
+    # poll() empties the queue: room comes back while produce() waits
+    producer = FakeProducer(queue_max=3, on_delivery=ledger.on_failure)
     skip = [i in (1, 6) for i in range(10)]
     assert produce(producer, records, "t", 0, skip, ledger, str) == 8
     producer.flush()
@@ -330,8 +330,7 @@ def test_a_record_the_producer_refuses_midway_is_named_and_only_those_before_it_
     from recoverable_sink.producer.confluent import produce
 
     records, ledger = _records([b"a", b"b", b"c", b"d", b"e"])
-    producer = FakeProducer(refuse=b"d")
-    producer.ledger = ledger
+    producer = FakeProducer(refuse=b"d", on_delivery=ledger.on_failure)
     with pytest.raises(RecordError, match=r"record 13 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
         produce(producer, records, "t", 10, skip, ledger, str)
     handed = 3 if skip is None else 2

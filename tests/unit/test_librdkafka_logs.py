@@ -57,7 +57,7 @@ def test_the_native_producers_log_lines_go_to_the_sink_logger(lines: _Lines, cap
 
 
 def test_confluent_kafkas_log_lines_go_to_the_sink_logger(lines: _Lines, capfd: pytest.CaptureFixture) -> None:
-    producer = ConfluentProducer(NOBODY)
+    producer = ConfluentProducer.open(NOBODY)
     record = _failed_connection(lines, producer.poll)
     assert record.levelno == logging.ERROR
     assert not re.search(r"^%\d\|", capfd.readouterr().err, re.M)

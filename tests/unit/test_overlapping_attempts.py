@@ -15,7 +15,7 @@ from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.wal import open_wal
-from tests.unit.fakes import FakeProducer
+from tests.unit.fakes import FakeProducer, sink_producer
 from tests.unit.test_delivery_identity import PLAN, batches, options, rows
 
 
@@ -25,10 +25,10 @@ def _ident(task_attempt_id: int, attempt: int) -> TaskIdentity:
 
 def test_an_attempt_whose_writer_starts_after_its_retry_stands_down_without_sending(wal_dir):
     opts = options(wal_dir)
-    retry = open_writer(opts, PLAN, _ident(7, 1), "c1", producer=FakeProducer())
+    retry = open_writer(opts, PLAN, _ident(7, 1), "c1", producer=sink_producer(FakeProducer()))
     late = FakeProducer()
     with pytest.raises(InputCutShortError, match="later attempt"):
-        open_writer(opts, PLAN, _ident(3, 0), "c1", producer=late)
+        open_writer(opts, PLAN, _ident(3, 0), "c1", producer=sink_producer(late))
     assert late.delivered == [] and [a.attempt for a in open_wal(wal_dir).attempts("w/")] == [1]
     for b in batches(rows(300)):
         retry.write(b)
@@ -38,13 +38,13 @@ def test_an_attempt_whose_writer_starts_after_its_retry_stands_down_without_send
 def test_a_retry_waits_for_an_earlier_attempt_still_sending_then_skips_what_kafka_acknowledged_to_it(wal_dir, caplog):
     opts = options(wal_dir, **{"kafka.delivery.timeout.ms": "10000"})  # a retry waits up to about twice this
     data = rows(500)
-    earlier = open_writer(opts, PLAN, _ident(3, 0), "c1", producer=FakeProducer())
+    earlier = open_writer(opts, PLAN, _ident(3, 0), "c1", producer=sink_producer(FakeProducer()))
     for b in batches(data[:200]):
         earlier.write(b)
     done: list[SinkCommitMessage] = []
 
     def retry() -> None:
-        writer = open_writer(opts, PLAN, _ident(7, 1), "c1", producer=FakeProducer())
+        writer = open_writer(opts, PLAN, _ident(7, 1), "c1", producer=sink_producer(FakeProducer()))
         for b in batches(data):
             writer.write(b)
         done.append(writer.commit())
@@ -66,10 +66,10 @@ _BEGIN_AND_DIE = """
 import os, sys
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.executor.task import open_writer
-from tests.unit.fakes import FakeProducer
+from tests.unit.fakes import FakeProducer, sink_producer
 from tests.unit.test_delivery_identity import PLAN, options
 open_writer(options(sys.argv[1]), PLAN, TaskIdentity("w", 0, 1, extra={"task_attempt_id": 7, "run": sys.argv[2]}),
-            "c1", producer=FakeProducer())
+            "c1", producer=sink_producer(FakeProducer()))
 os._exit(0)  # gone without an abort, as a worker Spark killed
 """
 
@@ -86,10 +86,10 @@ def test_a_late_attempt_stands_down_for_a_later_one_of_its_run_even_once_that_on
     stale = TaskIdentity("w", 0, 0, extra={"task_attempt_id": 3, "run": "r1"})
     if run_of_the_later == "r1":
         with pytest.raises(InputCutShortError, match="later attempt"):
-            open_writer(options(wal_dir), PLAN, stale, "c1", producer=late)
+            open_writer(options(wal_dir), PLAN, stale, "c1", producer=sink_producer(late))
         assert late.delivered == []
     else:
-        writer = open_writer(options(wal_dir), PLAN, stale, "c1", producer=late)
+        writer = open_writer(options(wal_dir), PLAN, stale, "c1", producer=sink_producer(late))
         for b in batches(rows(100)):
             writer.write(b)
         assert writer.commit().published == 100
@@ -100,13 +100,13 @@ def test_a_new_application_rerunning_the_write_goes_on_beside_an_old_runs_live_w
     (reused) worker still lives, neither makes the new run's attempt stand down nor keeps it waiting."""
     opts = options(wal_dir)
     old = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, extra={"task_attempt_id": 5000, "run": "old"}), "c1",
-                      producer=FakeProducer())
+                      producer=sink_producer(FakeProducer()))
     for b in batches(rows(300)):
         old.write(b)
     old.commit()
     again = FakeProducer()
     writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, extra={"task_attempt_id": 10, "run": "new"}), "c1",
-                         producer=again)
+                         producer=sink_producer(again))
     for b in batches(rows(300)):
         writer.write(b)
     assert (writer.commit().skipped, again.delivered) == (300, [])

@@ -13,12 +13,12 @@ from recoverable_sink.errors import DeliveryError
 from recoverable_sink.executor import attempt_log, task
 from recoverable_sink.options import parse_options
 from recoverable_sink.producer import transactions
-from recoverable_sink.producer.confluent import RecordsSender
+from recoverable_sink.producer.confluent import ConfluentProducer
 
 OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t", "delivery.guarantee": "exactly_once"}
 
 
-class _Producer(RecordsSender):
+class _Producer:
     """Stands in for librdkafka under the transactional producer: ``init_transactions`` times out or succeeds."""
 
     made: list[_Producer] = []
@@ -28,7 +28,6 @@ class _Producer(RecordsSender):
         self.init_fails = init_fails
         self.flushed = False
         self.aborted = False
-        self.ledger = None
         self.calls: list[str] = []
         _Producer.made.append(self)
 
@@ -59,7 +58,10 @@ def producers(monkeypatch: pytest.MonkeyPatch):
     _Producer.made = []
 
     def install(init_fails: bool) -> list[_Producer]:
-        monkeypatch.setattr(transactions, "new_producer", lambda conf, *_: _Producer(conf, init_fails))
+        def new_producer(conf: dict, *_: object) -> ConfluentProducer:
+            return ConfluentProducer(lambda _on_failure: _Producer(conf, init_fails))
+
+        monkeypatch.setattr(transactions, "new_producer", new_producer)
         monkeypatch.setattr(transactions.PartitionTransaction, "read_markers", lambda self, topic=None: [])
         return _Producer.made
 
