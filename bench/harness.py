@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.admin import AdminClient
 
+from bench.cpu import CpuMeter
 from bench.raw_client import DISTINCT_KEYS
 from bench.rss import WorkerRssSampler
 from testing.kafka_check import count_records, count_topic
@@ -37,6 +38,7 @@ DF_PARTITIONS = 4  # frame()'s default number of Spark partitions
 @dataclass
 class Run:
     seconds: float | None = None
+    cpu_seconds: float | None = None  # user + system of the driver, its JVM and the Python workers (bench.cpu)
     error: str | None = None
     summary: dict[str, Any] | None = None
     peak_rss_mib: float | None = None
@@ -50,6 +52,7 @@ class Bench:
     errors: list[str] = field(default_factory=list)
     admin: AdminClient | None = None
     jvm_warm: bool = False
+    cpu: CpuMeter | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -72,21 +75,27 @@ class Bench:
             print(f"  warning: could not delete topic {topic}: {exc}", file=sys.stderr)
 
     def timed(self, what: str, partitions: int, rows: int, write: Callable[[str], dict[str, Any] | None],
-              sample_rss: bool = False) -> Run:
-        """Run one write to a fresh topic, time it, verify the topic holds exactly ``rows`` records."""
+              sample_rss: bool = False, verify: bool = True) -> Run:
+        """Run one write to a fresh topic, time it and count its CPU, verify the topic holds exactly ``rows``
+        records (unless ``verify`` is off: a sink that sends nothing)."""
         topic = self.fresh_topic(what.split()[0].replace("_", "-"), partitions)
         run = Run()
         sampler = WorkerRssSampler() if sample_rss else None
         try:
             with sampler or nullcontext():
+                cpu_before = self.cpu.seconds() if self.cpu is not None else None
                 started = time.perf_counter()
                 run.summary = write(topic)
                 run.seconds = time.perf_counter() - started
+                if cpu_before is not None and self.cpu is not None:
+                    run.cpu_seconds = self.cpu.seconds() - cpu_before
                 if run.summary and "timed_seconds" in run.summary:  # a case that times itself (the raw client)
                     run.seconds = run.summary["timed_seconds"]
+                    run.cpu_seconds = run.summary.get("cpu_seconds")
             # A transactional write's topic also holds its commit markers: count what read_committed reads.
             transactional = what.startswith("exactly_once")
-            landed = count_records(self.bootstrap, topic) if transactional else count_topic(self.bootstrap, topic)
+            landed = rows if not verify else \
+                count_records(self.bootstrap, topic) if transactional else count_topic(self.bootstrap, topic)
             if landed != rows:
                 run.error = f"{what}: topic {topic} holds {landed} records, expected {rows}"
         except Exception as exc:  # record it, keep measuring the other cases
@@ -101,6 +110,7 @@ class Bench:
             print(f"  ERROR {run.error}", flush=True)
         else:
             print(f"  {what}: {run.seconds:.2f} s ({rows / run.seconds:,.0f} rows/s)"
+                  + (f", CPU {run.cpu_seconds * 1e6 / rows:.2f} µs/record" if run.cpu_seconds is not None else "")
                   + (f", worker peak RSS {run.peak_rss_mib:.0f} MiB (anon {run.peak_anon_mib:.0f})"
                      if run.peak_rss_mib else ""), flush=True)
         return run
@@ -123,6 +133,12 @@ class Bench:
             sink_writer(df, self.bootstrap, topic, OUT / "wal", **options).save()
             # The driver appends one line per write; the last one is this write's.
             return json.loads(summary_path.read_text().splitlines()[-1])
+        return write
+
+    def python_floor(self, df: DataFrame) -> Callable[[str], None]:
+        """bench.floor's sink, which only counts its Arrow batches: what any Python sink pays before it sends."""
+        def write(topic: str) -> None:
+            df.write.format("python_floor").mode("append").save()
         return write
 
     def raw_client(self, rows: int, value_bytes: int, headers: bool) -> Callable[[str], dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-CASE_ORDER = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")
+CASE_ORDER = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")  # plotted
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -16,12 +16,16 @@ def markdown(report: dict[str, Any]) -> str:
     rows = report["rows"]
     lines = [f"### {rows:,} rows (10 KB: fewer, see rows), median of {report['reps']} run(s), Spark local[2,4] on "
              f"{report['cores']} cores", "",
-             "| records | rows | topic partitions | case | median s | rows/s | runs (s) |",
-             "|---|---:|---:|---|---:|---:|---|"]
+             "| records | rows | topic partitions | case | median s | rows/s | runs (s) | CPU µs/record | "
+             "last warm-up / median (s, CPU) |",
+             "|---|---:|---:|---|---:|---:|---|---:|---|"]
     for e in report["results"]:
         runs = ", ".join(_fmt(r, ".2f") for r in e["runs"])
+        warm = (f"{_fmt(e.get('last_warmup_vs_median_seconds'), '.2f')}, "
+                f"{_fmt(e.get('last_warmup_vs_median_cpu'), '.2f')}" if "last_warmup_vs_median_seconds" in e else "")
         lines.append(f"| {_shape(e)} | {e['rows']:,} | {e['topic_partitions']} | {e['case']} | "
-                     f"{_fmt(e['median_seconds'], '.2f')} | {_fmt(e['rows_per_second'], ',.0f')} | {runs} |")
+                     f"{_fmt(e['median_seconds'], '.2f')} | {_fmt(e['rows_per_second'], ',.0f')} | {runs} | "
+                     f"{_fmt(e.get('cpu_us_per_record'), '.2f')} | {warm} |")
     lines += ["", "| records | topic partitions | wal_on / spark_kafka | wal_on / wal_off | "
               "wal_on / wal_on_confluent | wal_on / raw_client | per core (wal_on/2 vs raw/1) | "
               "exactly_once / spark_kafka | exactly_once / wal_on |",
@@ -33,6 +37,16 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{_fmt(r['wal_on_vs_raw_client_per_core'], '.2f')} | "
                      f"{_fmt(r.get('exactly_once_vs_spark_kafka'), '.2f')} | "
                      f"{_fmt(r.get('exactly_once_vs_wal_on'), '.2f')} |")
+    lines += ["", "| records | topic partitions | CPU/record: wal_on / spark_kafka | exactly_once / spark_kafka | "
+              "wal_on / wal_off | wal_on / python_floor | spark_kafka / python_floor |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in report["ratios"]:
+        lines.append(f"| {_shape(r)} | {r['topic_partitions']} | {_fmt(r.get('cpu_wal_on_vs_spark_kafka'), '.2f')} | "
+                     f"{_fmt(r.get('cpu_exactly_once_vs_spark_kafka'), '.2f')} | "
+                     f"{_fmt(r.get('cpu_wal_on_vs_wal_off'), '.2f')} | "
+                     f"{_fmt(r.get('cpu_wal_on_vs_python_floor'), '.2f')} | "
+                     f"{_fmt(r.get('cpu_spark_kafka_vs_python_floor'), '.2f')} |")
+    lines.append(f"- CPU counted by {report.get('cpu_accounting', '?')} (bench.cpu)")
     lines.append("")
     for r in report["worker_peak_rss"]:
         lines.append(f"- Python worker peak RSS during wal_on, {_shape(r)}: "

@@ -38,6 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from bench.cpu import CpuMeter
+from bench.floor import PythonFloor
 from bench.harness import DF_PARTITIONS, OUT, Bench, Run, frame, spark_session
 from bench.raw_client import row as raw_row
 from bench.report import markdown, plot
@@ -54,7 +56,8 @@ WARMUP_ROWS = min(ROWS, 40_000)
 # first few writes in a session while the JVM's JIT and heap settle (docs/performance.md, "What each case
 # measures"), so a small warm-up left its first repetitions slow and flattered the sink.
 JVM_WARMUP_WRITES = int(os.environ.get("BENCH_JVM_WARMUP_WRITES", "2"))
-CASES = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client")
+CASES = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client", "python_floor")
+UNVERIFIED = {"python_floor"}  # sends nothing: no topic to count
 EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}
 CONFLUENT = {"producer.native": "false"}
 # A quick look at some shapes only (no retry or memory runs), e.g. BENCH_ONLY=100B:4,100B+headers:4
@@ -105,12 +108,17 @@ def cache_info(spark: SparkSession) -> dict[str, int]:
 def median_entry(case: str, shape: Shape, partitions: int, runs: list[Run]) -> dict[str, Any]:
     ok = [r.seconds for r in runs if r.error is None and r.seconds is not None]
     med = statistics.median(ok) if ok else None
+    cpu = [r.cpu_seconds for r in runs if r.error is None and r.cpu_seconds is not None]
+    med_cpu = statistics.median(cpu) if cpu else None
     rows = shape.rows
     return {"case": case, "shape": shape.label, "value_bytes": shape.value_bytes, "headers": shape.headers,
             "topic_partitions": partitions, "rows": rows,
             "runs": [round(r.seconds, 3) if r.seconds is not None else None for r in runs],
             "median_seconds": round(med, 3) if med else None,
             "rows_per_second": round(rows / med) if med else None,
+            "cpu_runs": [round(r.cpu_seconds, 3) if r.cpu_seconds is not None else None for r in runs],
+            "median_cpu_seconds": round(med_cpu, 3) if med_cpu else None,
+            "cpu_us_per_record": round(med_cpu * 1e6 / rows, 3) if med_cpu else None,
             "errors": [r.error for r in runs if r.error]}
 
 
@@ -129,7 +137,7 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
     writers = {"spark_kafka": b.spark_kafka(df), "wal_on": b.recoverable(df, wal=True),
                "wal_off": b.recoverable(df, wal=False), "exactly_once": b.recoverable(df, wal=True, **EXACTLY_ONCE),
                "wal_on_confluent": b.recoverable(df, wal=True, **CONFLUENT),
-               "raw_client": b.raw_client(rows, value_bytes, shape.headers)}
+               "raw_client": b.raw_client(rows, value_bytes, shape.headers), "python_floor": b.python_floor(df)}
     # Untimed warm-up on a small slice: starts the Python workers, their producers and the JVM's Kafka
     # producer, and warms the JIT, so that the first timed repetition is not the only one paying for it.
     warmup_rows = min(rows, WARMUP_ROWS)
@@ -137,14 +145,16 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
     warm = {"spark_kafka": b.spark_kafka(small), "wal_on": b.recoverable(small, wal=True),
             "wal_off": b.recoverable(small, wal=False), "exactly_once": b.recoverable(small, wal=True, **EXACTLY_ONCE),
             "wal_on_confluent": b.recoverable(small, wal=True, **CONFLUENT),
-            "raw_client": b.raw_client(warmup_rows, value_bytes, shape.headers)}
+            "raw_client": b.raw_client(warmup_rows, value_bytes, shape.headers), "python_floor": b.python_floor(small)}
     for case in CASES:
-        b.timed(f"{case} {shape.label} warm-up", 4, warmup_rows, warm[case])
+        b.timed(f"{case} {shape.label} warm-up", 4, warmup_rows, warm[case], verify=case not in UNVERIFIED)
+    last_warmup: dict[str, Run] = {}  # the last full-size warm-up write of each case: the JIT settled by then?
     if not b.jvm_warm:
         for n in range(JVM_WARMUP_WRITES):
             for case in CASES:
                 if case != "raw_client":
-                    b.timed(f"{case} {shape.label} JVM warm-up {n + 1}/{JVM_WARMUP_WRITES}", 4, rows, writers[case])
+                    last_warmup[case] = b.timed(f"{case} {shape.label} JVM warm-up {n + 1}/{JVM_WARMUP_WRITES}", 4,
+                                                rows, writers[case], verify=case not in UNVERIFIED)
         b.jvm_warm = True
     peak_by_layout: dict[int, float] = {}
     anon_by_layout: dict[int, float] = {}
@@ -155,10 +165,17 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
         for rep in range(REPS):
             for case in CASES:
                 what = f"{case} {shape.label} {partitions}p rep {rep + 1}/{REPS}"
-                runs[case].append(b.timed(what, partitions, rows, writers[case], sample_rss=case == "wal_on"))
+                runs[case].append(b.timed(what, partitions, rows, writers[case], sample_rss=case == "wal_on",
+                                          verify=case not in UNVERIFIED))
         entries = {c: median_entry(c, shape, partitions, runs[c]) for c in CASES}
+        if partitions == 4:  # the warm-up writes went to 4-partition topics
+            for case, warmed in last_warmup.items():
+                entries[case]["last_warmup_vs_median_seconds"] = ratio(warmed.seconds, entries[case]["median_seconds"])
+                entries[case]["last_warmup_vs_median_cpu"] = ratio(warmed.cpu_seconds,
+                                                                    entries[case]["median_cpu_seconds"])
         results.extend(entries.values())
         rps = {c: e["rows_per_second"] for c, e in entries.items()}
+        cpu = {c: e["cpu_us_per_record"] for c, e in entries.items()}
         ratios.append({
             "shape": shape.label, "value_bytes": value_bytes, "headers": shape.headers, "rows": rows,
             "topic_partitions": partitions,
@@ -169,6 +186,12 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
             "wal_on_vs_raw_client_per_core": ratio(rps["wal_on"] and rps["wal_on"] / CORES, rps["raw_client"]),
             "exactly_once_vs_spark_kafka": ratio(rps["exactly_once"], rps["spark_kafka"]),
             "exactly_once_vs_wal_on": ratio(rps["exactly_once"], rps["wal_on"]),
+            # CPU per record, the sink's over Spark's sink's (below 1: the sink is cheaper), and over the floor.
+            "cpu_wal_on_vs_spark_kafka": ratio(cpu["wal_on"], cpu["spark_kafka"]),
+            "cpu_exactly_once_vs_spark_kafka": ratio(cpu["exactly_once"], cpu["spark_kafka"]),
+            "cpu_wal_on_vs_wal_off": ratio(cpu["wal_on"], cpu["wal_off"]),
+            "cpu_wal_on_vs_python_floor": ratio(cpu["wal_on"], cpu["python_floor"]),
+            "cpu_spark_kafka_vs_python_floor": ratio(cpu["spark_kafka"], cpu["python_floor"]),
         })
         peak_by_layout[partitions] = max((r.peak_rss_mib or 0 for r in runs["wal_on"]), default=0)
         anon_by_layout[partitions] = max((r.peak_anon_mib or 0 for r in runs["wal_on"]), default=0)
@@ -269,6 +292,9 @@ def main() -> int:
     print(f"starting a broker under {root} ...", flush=True)
     cluster.start()
     started = time.monotonic()
+    # Counted from here: the broker already runs, so only what this process starts next (Spark's JVM, its Python
+    # workers, the raw client) shares its CPU account.
+    cpu = CpuMeter({p.pid for p in cluster.procs.values()})
     spark = None
     b: Bench | None = None
     try:
@@ -276,7 +302,8 @@ def main() -> int:
         from recoverable_sink import RecoverableKafkaDataSource
 
         spark.dataSource.register(RecoverableKafkaDataSource)
-        b = Bench(spark, cluster)
+        spark.dataSource.register(PythonFloor)
+        b = Bench(spark, cluster, cpu=cpu)
         results: list[dict[str, Any]] = []
         ratios: list[dict[str, Any]] = []
         rss: list[dict[str, Any]] = []
@@ -298,11 +325,14 @@ def main() -> int:
             b.errors.extend(e["errors"])
         report = {
             "rows": ROWS, "reps": REPS, "jvm_warmup_writes": JVM_WARMUP_WRITES, "cores": CORES,
-            "spark_master": "local[2,4]",
+            "spark_master": "local[2,4]", "cpu_accounting": cpu.method,
             "note": f"Spark cases run {CORES} tasks in parallel on {CORES} cores; raw_client is one producer in one "
                     "Python thread (1 core, plus librdkafka's I/O threads); "
                     "wal_on_vs_raw_client_per_core = (wal_on rows/s / 2) / (raw_client rows/s / 1). "
-                    "Seconds are the write call's wall time (Spark job planning and scheduling included).",
+                    "Seconds are the write call's wall time (Spark job planning and scheduling included). "
+                    "CPU is user + system of the driver, its JVM and every Python worker over the write call (the "
+                    "broker excluded; raw_client: its own process over its timed section); python_floor is a Python "
+                    "sink that only counts its Arrow batches (bench.floor).",
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
             "memory_by_partition_size": memory, "fixed_cost": fixed,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
@@ -319,6 +349,7 @@ def main() -> int:
         if spark is not None:
             spark.stop()
         cluster.stop()
+        cpu.close()
 
 
 if __name__ == "__main__":
