@@ -1,7 +1,7 @@
 /* Arrow arrays for the C extensions (_digests.c, _produce_send.c), taken through the Arrow C Data Interface: the
  * ArrowSchema and ArrowArray structs of the specification, their import from the PyCapsules of any object's
- * __arrow_c_array__() (pyarrow 14 and later), format checks with errors that name the column, and typed views
- * of the buffers for the extensions' loops. Everything here runs once per batch and column, never per record.
+ * __arrow_c_array__() (pyarrow 14 and later), format checks with errors that name the column, typed views of the
+ * buffers, made once per batch and column, and the per-row reads of those views that both extensions' loops use.
  *
  * The interface carries no buffer sizes: a view trusts that the array's buffers hold its offset + length
  * entries and that its last offset lies inside its data, which Arrow's own (cheap) validation checks and the
@@ -305,6 +305,68 @@ static inline int ar_headers(const struct ArrowSchema *s, const struct ArrowArra
         ar_binary(vs, va, ia->offset, out->items, wide_ok, "header values", &out->value) < 0)
         return -1;
     return 0;
+}
+
+/* ---- per-row reads of the views (inside the loops, without the GIL) ------------------------------------------ */
+
+/* Bit j of a validity bitmap, j counted from the buffer's start (the array's offset included); NULL: no nulls. */
+static inline int ar_bit(const uint8_t *bitmap, int64_t j) {
+    return bitmap == NULL || (bitmap[j >> 3] >> (j & 7)) & 1;
+}
+
+/* Entry j of an offsets buffer, int32 or int64 if wide; memcpy, since nothing promises an aligned buffer. */
+static inline int64_t ar_offset(const uint8_t *offsets, int wide, int64_t j) {
+    if (wide) {
+        int64_t x;
+        memcpy(&x, offsets + 8 * j, 8);
+        return x;
+    }
+    int32_t x;
+    memcpy(&x, offsets + 4 * j, 4);
+    return x;
+}
+
+#define AR_NARROW 0 /* `wide` for a view made with wide_ok 0: the compiler then drops the width test per row */
+
+/* Row i's bytes in a binary view, its validity not read: *len bytes at the pointer returned, never NULL (an absent
+ * data buffer is AR_EMPTY), since librdkafka takes a NULL for a null. `wide` is the view's c->wide or AR_NARROW. */
+static inline const uint8_t *ar_bytes(const ar_binary_t *c, int wide, int64_t i, size_t *len) {
+    int64_t start = ar_offset(c->offsets, wide, c->offset + i);
+    *len = (size_t)(ar_offset(c->offsets, wide, c->offset + i + 1) - start);
+    return c->data + start;
+}
+
+/* Row i of a binary view: 0 for a null (*ptr and *len untouched), else 1 with its bytes as ar_bytes gives them. */
+static inline int ar_value(const ar_binary_t *c, int wide, int64_t i, const uint8_t **ptr, size_t *len) {
+    if (!ar_bit(c->valid, c->offset + i))
+        return 0;
+    *ptr = ar_bytes(c, wide, i, len);
+    return 1;
+}
+
+/* Row i of an int32 or int64 view: 0 for a null, else 1 with its value. */
+static inline int ar_int_value(const ar_int_t *c, int64_t i, int64_t *value) {
+    int64_t j = c->offset + i;
+    if (!ar_bit(c->valid, j))
+        return 0;
+    if (c->width == 8) {
+        memcpy(value, c->values + 8 * j, 8);
+    } else {
+        int32_t x;
+        memcpy(&x, c->values + 4 * j, 4);
+        *value = x;
+    }
+    return 1;
+}
+
+/* Row i of a headers view: 0 for a null list, else 1 with its items, [*first, *end) of h->key and h->value. */
+static inline int ar_header_items(const ar_headers_t *h, int64_t i, int64_t *first, int64_t *end) {
+    int64_t j = h->offset + i;
+    if (!ar_bit(h->valid, j))
+        return 0;
+    *first = h->offsets[j];
+    *end = h->offsets[j + 1];
+    return 1;
 }
 
 #endif

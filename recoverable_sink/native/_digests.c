@@ -206,18 +206,6 @@ static int lanes = 0;
 #define MAX_LANES 0
 #endif
 
-/* Element i's offset in an Arrow offsets buffer (int32, or int64 if wide). */
-static inline int64_t offset_at(const uint8_t *offs, int wide, Py_ssize_t i) {
-    if (wide) {
-        int64_t x;
-        memcpy(&x, offs + 8 * i, 8);
-        return x;
-    }
-    int32_t x;
-    memcpy(&x, offs + 4 * i, 4);
-    return x;
-}
-
 static PyObject *batch(PyObject *Py_UNUSED(self), PyObject *args) {
     const char *prefix;
     Py_ssize_t prefix_len;
@@ -229,12 +217,11 @@ static PyObject *batch(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *result = NULL;
     /* Every offset is checked here, so that the hashing below only reads inside the buffers. */
     if (ar_binary(ref.schema, ref.array, 0, -1, 1, "bodies", &col) < 0) goto done;
-    Py_ssize_t first = (Py_ssize_t)col.offset, count = (Py_ssize_t)col.length;
+    Py_ssize_t count = (Py_ssize_t)col.length;
     int wide = col.wide;
     result = PyBytes_FromStringAndSize(NULL, count * OUT);
     if (result == NULL) goto done;
     uint8_t *out = (uint8_t *)PyBytes_AsString(result);
-    const uint8_t *offs = col.offsets, *bytes = col.data;
     const uint8_t *pre = (const uint8_t *)prefix;
     Py_BEGIN_ALLOW_THREADS
     Py_ssize_t i = 0;
@@ -242,11 +229,7 @@ static PyObject *batch(PyObject *Py_UNUSED(self), PyObject *args) {
     for (; lanes && i + lanes <= count; i += lanes) {
         const uint8_t *bodies[MAX_LANES];
         size_t lens[MAX_LANES];
-        for (int l = 0; l < lanes; l++) {
-            int64_t start = offset_at(offs, wide, first + i + l);
-            bodies[l] = bytes + start;
-            lens[l] = (size_t)(offset_at(offs, wide, first + i + l + 1) - start);
-        }
+        for (int l = 0; l < lanes; l++) bodies[l] = ar_bytes(&col, wide, i + l, &lens[l]);
         if (lanes == 8)
             digest_lanes8(pre, (size_t)prefix_len, bodies, lens, out + OUT * i);
         else
@@ -254,9 +237,9 @@ static PyObject *batch(PyObject *Py_UNUSED(self), PyObject *args) {
     }
 #endif
     for (; i < count; i++) {
-        int64_t start = offset_at(offs, wide, first + i);
-        digest2(pre, (size_t)prefix_len, bytes + start, (size_t)(offset_at(offs, wide, first + i + 1) - start),
-                out + OUT * i);
+        size_t len;
+        const uint8_t *body = ar_bytes(&col, wide, i, &len);
+        digest2(pre, (size_t)prefix_len, body, len, out + OUT * i);
     }
     Py_END_ALLOW_THREADS
 done:
@@ -275,26 +258,14 @@ done:
  * bytes recoverable_sink.identity._bodies builds with Arrow, gathered record by record into a small buffer
  * instead (a few records' worth, in cache): Arrow's joins wrote every record into a new array first, which took
  * as long as hashing it with 100 B values. */
-typedef ar_binary_t column_t;
 enum { F_LITERAL = 3, F_DATA = 0, F_FRAME = 1, F_HEADERS = 2 };
 typedef struct {
     int kind;
     const uint8_t *lit; Py_ssize_t lit_len;
-    column_t col;      /* F_DATA, F_FRAME; F_HEADERS: the list (its data unused) */
-    column_t key, value;  /* F_HEADERS */
-    Py_ssize_t items;  /* F_HEADERS: how many (key, value) items the list offsets may point at */
+    ar_binary_t col;       /* F_DATA, F_FRAME: 32-bit offsets (made with wide_ok 0, read AR_NARROW) */
+    ar_headers_t headers;  /* F_HEADERS: keys and values with 32-bit offsets too */
 } field_t;
 #define MAX_FIELDS 32
-static inline int is_valid(const column_t *c, Py_ssize_t i) {
-    if (c->valid == NULL) return 1;
-    Py_ssize_t bit = c->offset + i;
-    return (c->valid[bit >> 3] >> (bit & 7)) & 1;
-}
-static inline int32_t off32(const column_t *c, Py_ssize_t i) {
-    int32_t x;
-    memcpy(&x, c->offsets + 4 * (c->offset + i), 4);
-    return x;
-}
 typedef struct {
     uint8_t *p;
     size_t len, cap;
@@ -315,15 +286,17 @@ static inline int put(growable_t *b, const void *src, size_t n) {
     b->len += n;
     return 1;
 }
-static inline int put_frame(growable_t *b, const column_t *c, Py_ssize_t i) {
-    uint32_t n = is_valid(c, i) ? (uint32_t)(off32(c, i + 1) - off32(c, i)) : 0xFFFFFFFFu;
+static inline int put_frame(growable_t *b, const ar_binary_t *c, Py_ssize_t i) {
+    const uint8_t *p;
+    size_t len;
+    uint32_t n = ar_value(c, AR_NARROW, i, &p, &len) ? (uint32_t)len : 0xFFFFFFFFu;
     uint8_t le[4] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
     return put(b, le, 4);
 }
-static inline int put_data(growable_t *b, const column_t *c, Py_ssize_t i) {
-    if (!is_valid(c, i)) return 1;
-    int32_t start = off32(c, i);
-    return put(b, c->data + start, (size_t)(off32(c, i + 1) - start));
+static inline int put_data(growable_t *b, const ar_binary_t *c, Py_ssize_t i) {
+    const uint8_t *p;
+    size_t len;
+    return !ar_value(c, AR_NARROW, i, &p, &len) || put(b, p, len);
 }
 /* Record i's message after the prefix, appended to b. */
 static int gather_record(growable_t *b, const field_t *fields, int nfields, Py_ssize_t i) {
@@ -339,14 +312,17 @@ static int gather_record(growable_t *b, const field_t *fields, int nfields, Py_s
         case F_FRAME:
             if (!put_frame(b, &fd->col, i)) return 0;
             break;
-        case F_HEADERS:
-            if (!is_valid(&fd->col, i)) break;
-            for (int32_t j = off32(&fd->col, i); j < off32(&fd->col, i + 1); j++) {
-                if (!put(b, "h", 1) || !put_frame(b, &fd->key, j) || !put_data(b, &fd->key, j) ||
-                    !put_frame(b, &fd->value, j) || !put_data(b, &fd->value, j))
+        case F_HEADERS: {
+            const ar_headers_t *h = &fd->headers;
+            int64_t first, end;
+            if (!ar_header_items(h, i, &first, &end)) break;
+            for (int64_t j = first; j < end; j++) {
+                if (!put(b, "h", 1) || !put_frame(b, &h->key, j) || !put_data(b, &h->key, j) ||
+                    !put_frame(b, &h->value, j) || !put_data(b, &h->value, j))
                     return 0;
             }
             break;
+        }
         }
     }
     return 1;
@@ -376,16 +352,7 @@ static int parse_field(PyObject *item, Py_ssize_t count, field_t *fd, ar_ref_t *
     if (ar_import(PyTuple_GetItem(item, 2), name, ref) < 0) return 0;
     fd->kind = (int)kind;
     if (kind != F_HEADERS) return ar_binary_rows(ref->schema, ref->array, count, 0, name, &fd->col) == 0;
-    ar_headers_t h;
-    if (ar_headers(ref->schema, ref->array, count, 0, name, &h) < 0) return 0;
-    fd->col.valid = h.valid;
-    fd->col.offsets = (const uint8_t *)h.offsets;
-    fd->col.offset = h.offset;
-    fd->col.length = h.length;
-    fd->key = h.key;
-    fd->value = h.value;
-    fd->items = (Py_ssize_t)h.items;
-    return 1;
+    return ar_headers(ref->schema, ref->array, count, 0, name, &fd->headers) == 0;
 }
 static PyObject *records(PyObject *Py_UNUSED(self), PyObject *args) {
     const char *prefix;

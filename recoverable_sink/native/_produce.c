@@ -70,7 +70,7 @@ static PyMethodDef Producer_methods[] = {
     {"begin_transaction", (PyCFunction)Producer_begin_transaction, METH_NOARGS, NULL},
     {"commit_transaction", (PyCFunction)Producer_commit_transaction, METH_VARARGS, NULL},
     {"abort_transaction", (PyCFunction)Producer_abort_transaction, METH_VARARGS, NULL},
-    {"send_offset", (PyCFunction)Producer_send_offset, METH_VARARGS, NULL},
+    {"send_marker", (PyCFunction)Producer_send_marker, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -125,6 +125,6 @@ RK_PRIVATE PyObject *Producer_init_transactions(Producer *self, PyObject *args);
 RK_PRIVATE PyObject *Producer_begin_transaction(Producer *self, PyObject *unused);
 RK_PRIVATE PyObject *Producer_commit_transaction(Producer *self, PyObject *args);
 RK_PRIVATE PyObject *Producer_abort_transaction(Producer *self, PyObject *args);
-RK_PRIVATE PyObject *Producer_send_offset(Producer *self, PyObject *args);
+RK_PRIVATE PyObject *Producer_send_marker(Producer *self, PyObject *args);
 
 #endif

@@ -36,9 +36,9 @@ PyObject *Producer_begin_transaction(Producer *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* send_offset(group, topic, partition, offset, metadata, timeout): one consumer-group offset into the open
+/* send_marker(group, topic, partition, offset, metadata, timeout): one consumer-group offset into the open
  * transaction (the commit marker); the group's metadata needs no consumer. */
-PyObject *Producer_send_offset(Producer *self, PyObject *args) {
+PyObject *Producer_send_marker(Producer *self, PyObject *args) {
     const char *group, *topic, *metadata;
     int partition;
     long long offset;

@@ -153,7 +153,7 @@ class NativeProducer:
     def send_marker(self, group: str, topic: str, partition: int, offset: int, metadata: str,
                     timeout_s: float) -> None:
         """The commit marker: ``group``'s offset of (topic, partition), inside the open transaction."""
-        self._p.send_offset(group, topic, partition, offset, metadata, timeout_s)
+        self._p.send_marker(group, topic, partition, offset, metadata, timeout_s)
 
     def commit_transaction(self, timeout_s: float) -> None:
         self._p.commit_transaction(timeout_s)
