@@ -150,7 +150,8 @@ class Bench:
                                   text=True, timeout=1800)
             if done.returncode != 0:
                 raise RuntimeError(f"bench.raw_client exited with {done.returncode}: {done.stderr.strip()[-500:]}")
-            return {"timed_seconds": json.loads(done.stdout.strip().splitlines()[-1])["seconds"]}
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            return {"timed_seconds": result["seconds"], "cpu_seconds": result.get("cpu_seconds")}
         return write
 
 
