@@ -29,7 +29,7 @@ spark.sparkContext.setLogLevel("ERROR")
 def origin(_):
     import recoverable_sink
     from recoverable_sink import identity
-from recoverable_sink.producer import native as native_producer
+    from recoverable_sink.producer import native as native_producer
     yield (recoverable_sink.__file__, identity._native is not None, native_producer.native_module() is not None,
            "%d.%d" % sys.version_info[:2])
 
