@@ -28,8 +28,6 @@ class Producer:
         """Wait up to ``timeout`` seconds (negative: no limit) for the queue to empty; returns what is left."""
     def purge(self) -> None: ...
     def close(self) -> None: ...
-    def held(self) -> int:
-        """How many sends' value columns librdkafka may still read."""
     def take_failures(self) -> list[tuple[int, int, int, str | None]]:
         """Failure reports since the last call: (opaque, error code, partition, topic or None)."""
     def take_logs(self) -> list[tuple[int, str]]:

@@ -61,7 +61,6 @@ static PyMethodDef Producer_methods[] = {
     {"flush", (PyCFunction)Producer_flush, METH_VARARGS, "Wait up to timeout for the queue to empty; returns what is left."},
     {"purge", (PyCFunction)Producer_purge, METH_NOARGS, "Drop queued and in-flight records (reported failed)."},
     {"close", (PyCFunction)Producer_close, METH_NOARGS, "Destroy the librdkafka handle."},
-    {"held", (PyCFunction)Producer_held, METH_NOARGS, "How many sends' value columns librdkafka may still read."},
     {"take_failures", (PyCFunction)Producer_take_failures, METH_NOARGS, "Failure reports since the last call."},
     {"take_logs", (PyCFunction)Producer_take_logs, METH_NOARGS, "librdkafka's log lines since the last call."},
     {"partition_count", (PyCFunction)Producer_partition_count, METH_VARARGS, "A topic's partition count."},

@@ -109,7 +109,6 @@ RK_PRIVATE void Producer_dealloc(Producer *self);
 RK_PRIVATE Py_ssize_t Producer_len(Producer *self);
 RK_PRIVATE PyObject *Producer_poll(Producer *self, PyObject *args);
 RK_PRIVATE PyObject *Producer_flush(Producer *self, PyObject *args);
-RK_PRIVATE PyObject *Producer_held(Producer *self, PyObject *unused);
 RK_PRIVATE PyObject *Producer_purge(Producer *self, PyObject *unused);
 RK_PRIVATE PyObject *Producer_close(Producer *self, PyObject *unused);
 RK_PRIVATE PyObject *Producer_take_failures(Producer *self, PyObject *unused);

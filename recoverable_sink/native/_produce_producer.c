@@ -246,10 +246,6 @@ Py_ssize_t Producer_len(Producer *self) {
     return self->rk == NULL ? 0 : k_rd_kafka_outq_len(self->rk);
 }
 
-PyObject *Producer_held(Producer *self, PyObject *unused) {
-    return PyLong_FromSsize_t(PyList_Size(self->values));
-}
-
 PyObject *Producer_purge(Producer *self, PyObject *unused) {
     if (check_open(self) < 0)
         return NULL;
