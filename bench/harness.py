@@ -157,7 +157,8 @@ class Bench:
 
 def spark_session() -> SparkSession:
     # The sink's per-write INFO lines would drown the progress lines; its warnings (the kills) still show.
-    os.environ.setdefault("RECOVERABLE_KAFKA_LOG_LEVEL", "WARNING")
+    if not (os.environ.get("RECOVERABLE_KAFKA_LOG_LEVEL") or os.environ.get("RECOVERABLE_SINK_LOG_LEVEL")):
+        os.environ["RECOVERABLE_KAFKA_LOG_LEVEL"] = "WARNING"
     return local_spark("recoverable-sink-bench", **{"spark.driver.memory": "4g"})
 
 

@@ -7,6 +7,7 @@ queued on the process's WAL thread, and what earlier attempts of the same partit
 
 from __future__ import annotations
 
+import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
@@ -199,12 +200,15 @@ class AttemptLog:
             if not isinstance(ident.extra.get("task_attempt_id"), int):  # not in a Spark task: no order to go by
                 return
             own = next((a for a in found if a.key == self.key), None)
+            # A zombie whose entry a later attempt's release already purged is judged as the record it began.
+            judged = own or AttemptInfo.begun(self.key, ident.write_id, ident.partition, ident.attempt, ident.extra,
+                                              host=socket.gethostname(), created=time.time(), owner=None)
+            if any(a.later_than(judged) for a in self.priors):
+                raise InputCutShortError(f"{ident.where}: Spark already started a later attempt of this task, so "
+                                         "this one's JVM side is gone; it stands down without sending anything")
             if own is None:
                 raise WalError(f"WAL {self.path}: attempt {self.key} is no longer in the log (purged while it ran?); "
                                "this attempt stops before sending anything, and its retry starts afresh")
-            if any(a.later_than(own) for a in self.priors):
-                raise InputCutShortError(f"{ident.where}: Spark already started a later attempt of this task, so "
-                                         "this one's JVM side is gone; it stands down without sending anything")
             sending = [a for a in self.priors if a.still_sending()]
             if not sending:
                 return

@@ -219,7 +219,7 @@ def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_
     writer.flush(wait_s=1.0, sync=False)  # all 300 acknowledged; their save fails on the WAL's thread
     with pytest.raises(OSError, match="No space left"):
         writer.commit()
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.executor.task"):
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.writer"):
         writer.abort()
     assert len(calls) == 2 and not caplog.records  # saved again, and no warning about a save that worked
     second = FakeProducer()

@@ -146,7 +146,7 @@ def test_extra_columns_are_left_out_of_the_plan_with_one_warning(caplog):
 
     schema = StructType([StructField("value", StringType()), StructField("extra", LongType()),
                          StructField("other", StringType())])
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.driver.schema"):
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.schema"):
         plan = plan_schema(schema, "t")
     assert plan.columns == ("value",)
     assert [r.getMessage().split(" are not")[0] for r in caplog.records] == ["column(s) extra, other"]

@@ -50,7 +50,7 @@ def test_replay_takes_producer_settings_from_a_file_and_the_environment_and_warn
     args = _parser().parse_args(["replay", "--path", "p", "--write-id", "w", "--kafka-config", str(config),
                                  "--kafka", "linger.ms=20", "--kafka", "sasl.username=alice"])
     env = {"RECOVERABLE_KAFKA_PRODUCER_SASL_PASSWORD": "from-env", "OTHER": "x"}
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.ops.cli"):
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.cli"):
         settings = producer_settings(args, env)
     assert settings == {"kafka.bootstrap.servers": "b1:9092", "kafka.sasl.mechanism": "PLAIN",
                         "kafka.sasl.password": "from-env", "kafka.linger.ms": "20", "kafka.sasl.username": "alice"}
@@ -60,7 +60,7 @@ def test_replay_takes_producer_settings_from_a_file_and_the_environment_and_warn
 
 def test_replay_without_brokers_anywhere_says_where_to_give_them(tmp_path, caplog):
     _two_writes(str(tmp_path / "wal"))
-    with caplog.at_level(logging.ERROR, logger="recoverable_sink.ops.cli"):
+    with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
         assert main(["replay", "--path", str(tmp_path / "wal"), "--write-id", "w-one"]) == 1
     assert "--bootstrap-servers, bootstrap.servers in --kafka-config, or RECOVERABLE_KAFKA_PRODUCER_BOOTSTRAP_SERVERS" \
         in caplog.text
@@ -102,7 +102,7 @@ def test_replay_progress_is_a_bar_on_a_terminal_and_lines_otherwise(caplog):
     assert "\rpartition 3 [###############               ] 50/100 records" in tty.getvalue()
     assert tty.getvalue().endswith("100/100 records\n")
     plain = io.StringIO()
-    with caplog.at_level(logging.INFO, logger="recoverable_sink.ops.cli"):
+    with caplog.at_level(logging.INFO, logger="recoverable_sink.cli"):
         lines = Progress("partition 3", plain)
         lines(50, 100)
         lines(60, 100)  # within 10 s of the last line: not repeated
@@ -114,7 +114,7 @@ def test_replay_progress_is_a_bar_on_a_terminal_and_lines_otherwise(caplog):
 
 def test_a_path_without_a_wal_is_refused_and_not_created(tmp_path, caplog):
     missing = tmp_path / "typo"
-    with caplog.at_level(logging.ERROR, logger="recoverable_sink.ops.cli"):
+    with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
         assert main(["list", "--path", str(missing)]) == 1
     assert "holds no WAL" in caplog.text and not missing.exists()
 
@@ -122,7 +122,7 @@ def test_a_path_without_a_wal_is_refused_and_not_created(tmp_path, caplog):
 @pytest.mark.parametrize("command", [["purge"], ["replay", "--bootstrap-servers", "b:9092"], ["list"]])
 def test_an_unknown_write_id_exits_non_zero(tmp_path, caplog, command):
     _two_writes(str(tmp_path / "wal"))
-    with caplog.at_level(logging.ERROR, logger="recoverable_sink.ops.cli"):
+    with caplog.at_level(logging.ERROR, logger="recoverable_sink.cli"):
         assert main([command[0], "--path", str(tmp_path / "wal"), "--write-id", "nope", *command[1:]]) == 1
     assert "write nope is not in" in caplog.text
     assert len(open_wal(str(tmp_path / "wal")).attempts()) == 3  # nothing purged or changed
@@ -156,6 +156,6 @@ def test_records_a_retry_sent_without_an_earlier_log_are_counted_and_warned_of(c
                               published=10, acknowledged=10, unproven=10)
     summary = summarize([retry])
     assert summary["unproven"] == 10
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.driver.summary"):
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.summary"):
         log_commit("write w", summary)
     assert "10 records were sent by retries that found no earlier attempt's log" in caplog.text
