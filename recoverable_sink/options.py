@@ -131,7 +131,7 @@ class SinkOptions:
     transactional_id_prefix: str = DEFAULT_TRANSACTIONAL_ID_PREFIX
     # Set on the driver by preflight.fit_topic_limit: the topic option's max.message.bytes, when readable.
     topic_max_message_bytes: int | None = None
-    # The C produce loop (native_producer.NativeProducer) where the extension is built; false: confluent-kafka's
+    # The C produce loop (producer.native.NativeProducer) where the extension is built; false: confluent-kafka's
     # produce().
     native_producer: bool = True
     # Private fault injection for the test suite and the chaos campaign (``_test.*`` options); None for users.

@@ -21,7 +21,7 @@ from recoverable_sink.producer.failures import fatal_errors, refused
 from recoverable_sink.producer.ledger import Handover, Ledger
 
 log = get_logger("producer")
-_librdkafka_log = get_logger("librdkafka")  # librdkafka's own lines; confluent_producer routes its own there too
+_librdkafka_log = get_logger("librdkafka")  # librdkafka's own lines; producer.confluent routes its own there too
 # syslog's levels, as librdkafka logs: emergency, alert, critical, error, warning, notice, info, debug.
 _SYSLOG_LEVELS = (logging.CRITICAL, logging.CRITICAL, logging.CRITICAL, logging.ERROR, logging.WARNING,
                   logging.INFO, logging.INFO, logging.DEBUG)
