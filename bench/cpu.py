@@ -17,6 +17,7 @@ Two ways to count, the first that works:
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -60,16 +61,23 @@ class CpuMeter:
             return int(usec) / 1e6
         return _tree_seconds(os.getpid(), self.exclude)
 
-    def close(self) -> None:
-        """Leave the cgroup and remove it (its processes must have ended or moved)."""
+    def close(self, wait_s: float = 30.0) -> None:
+        """Leave the cgroup and remove it once the processes started in it (Spark's JVM, exiting) are gone."""
         if self._cgroup is None:
             return
-        root = self._cgroup.parent
         try:
-            (root / "cgroup.procs").write_text(str(os.getpid()))
-            self._cgroup.rmdir()
+            (self._cgroup.parent / "cgroup.procs").write_text(str(os.getpid()))
         except OSError:
-            pass  # a process of ours still runs in it; the empty folder goes with the next reboot
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._cgroup.rmdir()
+                return
+            except OSError:  # still holds a process that is exiting
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.2)
 
 
 def _tree_seconds(root: int, exclude: set[int]) -> float:
