@@ -37,6 +37,11 @@ class CpuMeter:
 
     def _join_cgroup(self) -> None:
         name = f"recoverable-bench-{os.getpid()}"
+        for stale in [*_V1.glob("recoverable-bench-*"), *_V2.glob("recoverable-bench-*")]:
+            try:
+                stale.rmdir()  # an earlier run's, empty now (removal fails, harmlessly, while one still runs)
+            except OSError:
+                pass
         candidates = []
         if (_V1 / "cpuacct.usage").exists():
             candidates.append((_V1 / name, "cpuacct.usage"))

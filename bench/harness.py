@@ -52,6 +52,7 @@ class Bench:
     errors: list[str] = field(default_factory=list)
     admin: AdminClient | None = None
     jvm_warm: bool = False
+    jvm_warmup_rounds: int = 0
     cpu: CpuMeter | None = None
 
     @property

@@ -19,6 +19,7 @@ the Python worker's peak memory writing one partition of 1x and 4x the usual par
 a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch).
 
     make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3 BENCH_JVM_WARMUP_WRITES=2
+                                                      # BENCH_JVM_WARMUP_MAX=8
     BENCH_ROWS=200000 BENCH_REPS=1 .venv/bin/python -m bench.run
 
 Writes build/bench/results.json and build/bench/results.png; exit status 0 only if every run verified.
@@ -56,6 +57,10 @@ WARMUP_ROWS = min(ROWS, 40_000)
 # first few writes in a session while the JVM's JIT and heap settle (docs/performance.md, "What each case
 # measures"), so a small warm-up left its first repetitions slow and flattered the sink.
 JVM_WARMUP_WRITES = int(os.environ.get("BENCH_JVM_WARMUP_WRITES", "2"))
+# Past that minimum, warm-up rounds go on (up to this many in all) until Spark's sink's last write took within
+# SETTLED of the one before: two rounds did not settle its JIT at 500,000 rows (the last was up to 2.2x the median).
+JVM_WARMUP_MAX = max(JVM_WARMUP_WRITES, int(os.environ.get("BENCH_JVM_WARMUP_MAX", "8")))
+SETTLED = 0.05
 CASES = ("spark_kafka", "wal_on", "wal_off", "wal_on_confluent", "exactly_once", "raw_client", "python_floor")
 UNVERIFIED = {"python_floor"}  # sends nothing: no topic to count
 EXACTLY_ONCE = {"delivery.guarantee": "exactly_once"}
@@ -150,11 +155,17 @@ def bench_shape(b: Bench, shape: Shape, results: list[dict[str, Any]], ratios: l
         b.timed(f"{case} {shape.label} warm-up", 4, warmup_rows, warm[case], verify=case not in UNVERIFIED)
     last_warmup: dict[str, Run] = {}  # the last full-size warm-up write of each case: the JIT settled by then?
     if not b.jvm_warm:
-        for n in range(JVM_WARMUP_WRITES):
+        spark_times: list[float] = []
+        for n in range(JVM_WARMUP_MAX):
             for case in CASES:
                 if case != "raw_client":
-                    last_warmup[case] = b.timed(f"{case} {shape.label} JVM warm-up {n + 1}/{JVM_WARMUP_WRITES}", 4,
-                                                rows, writers[case], verify=case not in UNVERIFIED)
+                    last_warmup[case] = b.timed(f"{case} {shape.label} JVM warm-up {n + 1}", 4, rows, writers[case],
+                                                verify=case not in UNVERIFIED)
+            spark_times.append(last_warmup["spark_kafka"].seconds or 0.0)
+            if n + 1 >= JVM_WARMUP_WRITES and len(spark_times) > 1 and \
+                    abs(spark_times[-1] - spark_times[-2]) <= SETTLED * spark_times[-2]:
+                break
+        b.jvm_warmup_rounds = len(spark_times)
         b.jvm_warm = True
     peak_by_layout: dict[int, float] = {}
     anon_by_layout: dict[int, float] = {}
@@ -324,7 +335,8 @@ def main() -> int:
         for e in results:
             b.errors.extend(e["errors"])
         report = {
-            "rows": ROWS, "reps": REPS, "jvm_warmup_writes": JVM_WARMUP_WRITES, "cores": CORES,
+            "rows": ROWS, "reps": REPS, "jvm_warmup_writes": JVM_WARMUP_WRITES, "jvm_warmup_max": JVM_WARMUP_MAX,
+            "jvm_warmup_rounds": b.jvm_warmup_rounds, "cores": CORES,
             "spark_master": "local[2,4]", "cpu_accounting": cpu.method,
             "note": f"Spark cases run {CORES} tasks in parallel on {CORES} cores; raw_client is one producer in one "
                     "Python thread (1 core, plus librdkafka's I/O threads); "
