@@ -20,6 +20,8 @@ import os
 import time
 from pathlib import Path
 
+from bench.rss import proc_stat
+
 _TICK = os.sysconf("SC_CLK_TCK")
 _V1 = Path("/sys/fs/cgroup/cpuacct")
 _V2 = Path("/sys/fs/cgroup")
@@ -89,16 +91,11 @@ def _tree_seconds(root: int, exclude: set[int]) -> float:
     """User + system seconds of ``root`` and its living descendants, with their reaped children's, in ticks."""
     stats: dict[int, tuple[int, int]] = {}  # pid -> (ppid, ticks)
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+        fields = proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields is None:
             continue
         # After the name: state, ppid, ..., utime (14th field overall), stime, cutime, cstime.
-        ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-        stats[int(entry.name)] = (int(fields[1]), ticks)
+        stats[int(entry.name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]))
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)

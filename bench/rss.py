@@ -8,13 +8,19 @@ import threading
 _MARKERS = ("pyspark.daemon", "pyspark.worker")
 
 
-def _ppid(pid: int) -> int | None:
+def proc_stat(pid: int) -> list[str] | None:
+    """A process's /proc stat fields after its command name (state, ppid, ...), or None if it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
             # The command name may hold spaces or parentheses: the fields after its last ")" are safe to split.
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def _ppid(pid: int) -> int | None:
+    fields = proc_stat(pid)
+    return int(fields[1]) if fields else None
 
 
 def _cmdline(pid: int) -> str:
@@ -27,12 +33,8 @@ def _cmdline(pid: int) -> str:
 
 def _cpu_ticks(pid: int) -> int | None:
     """User + system CPU time of a process, in clock ticks."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return None
+    fields = proc_stat(pid)
+    return int(fields[11]) + int(fields[12]) if fields else None
 
 
 def _rss_kib(pid: int) -> tuple[int, int] | None:
