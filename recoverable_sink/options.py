@@ -18,6 +18,7 @@ from recoverable_sink.errors import OptionError
 
 KAFKA_PREFIX = "kafka."
 DEFAULT_WAL_MAX_BYTES = 4 << 30  # payload Kafka has not acknowledged yet, for all tasks on a host
+DEFAULT_PROOF_MAX_BYTES = 16 << 30  # finished attempts' proof of delivery on a host: ~1 billion records of history
 DEFAULT_RETENTION_HOURS = 168.0
 DEFAULT_PROOF_GRACE_SECONDS = 600.0  # past spark.network.timeout (120 s), which a lost executor is detected within
 DEFAULT_PREFLIGHT_TIMEOUT_MS = 30_000
@@ -95,6 +96,7 @@ _SINK_OPTIONS = {
     "wal.enabled",
     "wal.retentionhours",
     "wal.proofgraceseconds",
+    "wal.proofmaxbytes",
     "wal.writeid",
     "producer.native",
     "delivery.guarantee",
@@ -124,6 +126,8 @@ class SinkOptions:
     # How long a committed generated-id write's proof of delivery stays on an executor host (never re-run: only
     # Spark's own re-run of a finished task, after its executor was lost, needs it).
     proof_grace_seconds: float = DEFAULT_PROOF_GRACE_SECONDS
+    # Finished attempts' proof of delivery kept on a host past which the oldest goes (a long wal.writeId history).
+    proof_max_bytes: int = DEFAULT_PROOF_MAX_BYTES
     preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
     summary_path: str | None = None
     write_id: str | None = None
@@ -369,6 +373,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         ) * 3600,
         proof_grace_seconds=_at_least(1, "wal.proofGraceSeconds", parse_number(
             "wal.proofGraceSeconds", lowered.get("wal.proofgraceseconds", str(DEFAULT_PROOF_GRACE_SECONDS)))),
+        proof_max_bytes=parse_size("wal.proofMaxBytes", lowered.get("wal.proofmaxbytes", str(DEFAULT_PROOF_MAX_BYTES))),
         preflight_timeout_s=parse_number(
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,

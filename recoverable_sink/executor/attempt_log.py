@@ -169,7 +169,7 @@ class AttemptLog:
     @classmethod
     def open(cls, options: SinkOptions, ident: TaskIdentity) -> AttemptLog:
         wal = open_wal(options.resolved_wal_path())
-        sweep_now_and_then(wal, options.retention_seconds)
+        sweep_now_and_then(wal, options.retention_seconds, options.proof_max_bytes)
         release_generated_proof(wal, options.proof_grace_seconds)
         return cls(wal, options, wal.prior_attempts(ident.write_id, ident.partition))
 
@@ -178,6 +178,11 @@ class AttemptLog:
 
     def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
         """The digests of what Kafka acknowledged to ``attempts`` (see :meth:`Wal.delivered`)."""
+        trimmed = [a for a in attempts if a.trimmed]
+        if trimmed:
+            log.warning("WAL %s: the proof of delivery of %d earlier attempt(s) of write(s) %s went to keep "
+                        "wal.proofMaxBytes, so what they delivered is not known here and is not skipped",
+                        self.wal.path, len(trimmed), sorted({a.write_id for a in trimmed}))
         return self.wal.delivered(attempts, all_acknowledged)
 
     def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None:

@@ -58,6 +58,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         marker = self.found
         if marker is None:
             committed = self._earlier_committed(None)
+            self._refuse_trimmed([a for a in committed if a.trimmed and a.partition == self.ident.partition])
             if committed:
                 self.earlier = self.log.earlier_runs(self.ident, committed, all_acknowledged=True)
                 log.info("%s: a re-run of write %s: %d records that earlier runs committed on this host, in any "
@@ -242,6 +243,23 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             "repeat them. Re-run the write with the same wal.writeId and the partitioning of the run that "
             "committed, or where that WAL is; or under a new wal.writeId (Kafka then holds the committed records "
             "twice)")
+
+    def _refuse_trimmed(self, trimmed: list[AttemptInfo]) -> None:
+        """Without a marker, an earlier run's committed attempt of this partition whose digests went
+        (wal.proofMaxBytes) leaves nothing to tell what it committed: refuse before anything is sent."""
+        if not trimmed:
+            return
+        first = trimmed[0]
+        done = time.strftime("%Y-%m-%d %H:%M", time.gmtime(first.done_at or first.created))
+        raise RerunRefusedError(
+            f"{self.where}: an earlier run of write {self.ident.write_id} committed this partition (attempt "
+            f"{attempt_name(first.key)}, done {done} UTC), but the "
+            f"brokers no longer hold its commit marker (offsets.retention.minutes) and this host's WAL {self.log.path} "
+            "no longer holds its digests (they went to keep wal.proofMaxBytes), so what it committed cannot be told: "
+            "nothing of this partition was sent, since skipping it could lose records and re-sending it could "
+            "repeat them. If that run's records are in Kafka, there is nothing to re-run; otherwise re-run under a "
+            "new wal.writeId (records it committed are then written twice), and raise wal.proofMaxBytes or "
+            "offsets.retention.minutes to keep a longer history")
 
     def _waits_on_abort(self) -> bool:
         return False  # the transaction is aborted whatever was acknowledged

@@ -56,9 +56,9 @@ def describe(wal: Wal, write_id: str | None) -> list[dict[str, object]]:
             acked += sum(seg.acked)
             size += seg.batch.nbytes if seg.batch is not None else 0
         rows.append({"write_id": a.write_id, "partition": a.partition, "attempt": a.attempt, "host": a.host,
-                     "state": a.state.value, "created": a.created, "age_s": round(now - a.created, 1),
-                     "records": records, "acknowledged": acked, "unacknowledged": records - acked,
-                     "bytes": size, "topic": a.topic, "kind": a.kind})
+                     "state": a.state.value, "proof_trimmed": a.trimmed, "created": a.created,
+                     "age_s": round(now - a.created, 1), "records": records, "acknowledged": acked,
+                     "unacknowledged": records - acked, "bytes": size, "topic": a.topic, "kind": a.kind})
     return rows
 
 

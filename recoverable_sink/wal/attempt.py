@@ -128,6 +128,7 @@ class AttemptInfo:
     query_id: str | None = None  # streaming only
     batch_id: int | None = None  # streaming only: the micro-batch
     generated: bool = False  # the write id was generated (never re-run), not given as wal.writeId
+    trimmed: bool = False  # its proof of delivery (digests) was removed to keep wal.proofMaxBytes; the record stays
     extra: dict[str, object] = field(default_factory=dict, hash=False)  # keys this version does not know
 
     @classmethod
@@ -153,6 +154,8 @@ class AttemptInfo:
             meta["owner"] = self.owner.to_json()
         if self.generated:
             meta["generated"] = True
+        if self.trimmed:
+            meta["trimmed"] = True
         return json.dumps(meta).encode()
 
     # ---- changes ----------------------------------------------------------------------------------------
@@ -164,6 +167,10 @@ class AttemptInfo:
     def with_end(self, now: float) -> AttemptInfo:
         """This record of a failed attempt that stopped sending, its acknowledgements saved."""
         return replace(self, ended=now)
+
+    def with_proof_trimmed(self) -> AttemptInfo:
+        """This record once its digests are gone (:meth:`Wal.trim_proof`): it still says what the attempt was."""
+        return replace(self, trimmed=True)
 
     # ---- the rules read from it -------------------------------------------------------------------------
     @property
@@ -248,7 +255,7 @@ def _from_json(key: str, meta: Mapping[str, object]) -> AttemptInfo:
     rest = {k: v for k, v in meta.items() if k != "v"}
     owner = rest.pop("owner", None)
     state = rest.pop("state", None)
-    known = {"write_id", "partition", "attempt", "host", "created", "generated", *_OPTIONAL}
+    known = {"write_id", "partition", "attempt", "host", "created", "generated", "trimmed", *_OPTIONAL}
     return AttemptInfo(
         key=key, write_id=_typed(rest, "write_id", str), partition=_typed(rest, "partition", int),
         attempt=_typed(rest, "attempt", int), host=_typed(rest, "host", str), created=_time(rest, "created"),
@@ -259,6 +266,7 @@ def _from_json(key: str, meta: Mapping[str, object]) -> AttemptInfo:
         run=_optional(rest, "run", str), task_attempt_id=_optional(rest, "task_attempt_id", int),
         stage=_optional(rest, "stage", int), query_id=_optional(rest, "query_id", str),
         batch_id=_optional(rest, "batch_id", int), generated=_optional(rest, "generated", bool) or False,
+        trimmed=_optional(rest, "trimmed", bool) or False,
         extra={k: v for k, v in rest.items() if k not in known})
 
 

@@ -96,11 +96,12 @@ class Transactions:
                 raise _wal_error(self.path, exc) from None
 
     @contextmanager
-    def _read(self) -> Iterator[lmdb.Transaction]:
+    def _read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        """A read transaction; ``buffers``: values as views into the map (valid only inside it), not copies."""
         while True:
             with self._gate.txn():
                 try:
-                    txn = self.env.begin()
+                    txn = self.env.begin(buffers=buffers)
                 except lmdb.MapResizedError:
                     txn = None
                 except lmdb.Error as exc:

@@ -20,17 +20,20 @@ _last_sweep: dict[str, float] = {}
 class SweepResult(NamedTuple):
     removed: int  # attempts that held only proof of delivery
     kept: int  # old attempts kept: not finished, or holding records Kafka never acknowledged
+    trimmed: int = 0  # attempts whose proof went to keep wal.proofMaxBytes
 
 
-def sweep(wal: Wal, retention_s: float, now: float | None = None) -> SweepResult:
+def sweep(wal: Wal, retention_s: float, now: float | None = None, proof_max_bytes: int | None = None) -> SweepResult:
     """Remove attempts older than ``retention_s`` that hold no unacknowledged record (proof of delivery
     only) and are finished, or whose process is known to be gone. One that is not finished while its process
     may still run it is kept (a task can wait longer than the retention for its first batch), and so is one
-    holding records Kafka never acknowledged; those are counted and logged."""
+    holding records Kafka never acknowledged; those are counted and logged. Then, given ``proof_max_bytes``,
+    :func:`trim_proof` keeps the proof left under it."""
     now = time.time() if now is None else now
     old = [a for a in wal.attempts() if now - a.created > retention_s]
+    trimmed = trim_proof(wal, proof_max_bytes) if proof_max_bytes is not None else 0
     if not old:
-        return SweepResult(0, 0)
+        return SweepResult(0, 0, trimmed)
     # Not finished: kept while its process may still run it; once that process is gone it is a failed
     # attempt's proof of delivery, kept for the retention like a finished one's.
     unfinished = {a.key for a in old if a.may_be_running()}
@@ -48,16 +51,54 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None) -> SweepResult
                     "acknowledged (writes %s): finish a failed write by re-running it with its wal.writeId or "
                     "with `recoverable-kafka-wal replay`, or purge it", wal.path, len(kept), retention_s / 3600,
                     sorted({a.write_id for a in kept}))
-    return SweepResult(removed=len(removable), kept=len(kept))
+    return SweepResult(removed=len(removable), kept=len(kept), trimmed=trimmed)
 
 
-def sweep_now_and_then(wal: Wal, retention_s: float) -> None:
+def trim_proof(wal: Wal, max_bytes: int) -> int:
+    """Keep finished attempts' proof of delivery under ``max_bytes`` (``wal.proofMaxBytes``): past it, the proof of
+    the attempts that finished first goes (:meth:`Wal.trim_proof`), their records stay. Attempts that may still
+    run or hold records Kafka never acknowledged are neither trimmed nor counted. Returns attempts trimmed.
+
+    A long ``wal.writeId`` history is what this bounds: its proof (16 bytes a record) would otherwise stay for
+    ``wal.retentionHours``. A re-run of a trimmed write can no longer tell what it delivered: under at_least_once
+    it sends those partitions again, under exactly_once it goes by the brokers' markers and refuses once they
+    expired too."""
+    finished = [a for a in wal.attempts() if not a.trimmed and not a.may_be_running()]
+    if not finished:
+        return 0
+    sizes = wal.proof_bytes([a.key for a in finished])
+    total = sum(sizes.values())
+    if total <= max_bytes:
+        return 0
+    holding = wal.holding_payload([a.key for a in finished])
+    candidates = sorted((a for a in finished if a.key not in holding), key=_finished_at)
+    total -= sum(sizes[k] for k in holding)
+    chosen = []
+    for a in candidates:
+        if total <= max_bytes:
+            break
+        chosen.append(a)
+        total -= sizes[a.key]
+    wal.trim_proof([a.key for a in chosen])
+    if chosen:
+        log.warning("WAL %s: the proof of delivery of %d finished attempt(s) went to keep wal.proofMaxBytes=%d "
+                    "(writes %s): a re-run of these writes sends their partitions again under at_least_once, and "
+                    "under exactly_once refuses once the brokers' commit markers expired; raise wal.proofMaxBytes "
+                    "to keep more history", wal.path, len(chosen), max_bytes, sorted({a.write_id for a in chosen}))
+    return len(chosen)
+
+
+def _finished_at(attempt: AttemptInfo) -> float:
+    return attempt.done_at or attempt.ended or attempt.created
+
+
+def sweep_now_and_then(wal: Wal, retention_s: float, proof_max_bytes: int | None = None) -> None:
     """Run :func:`sweep` at most every 10 minutes per WAL and process (tasks call this as they start)."""
     now = time.time()
     if now - _last_sweep.get(wal.path, 0.0) < _SWEEP_EVERY_S:
         return
     _last_sweep[wal.path] = now
-    sweep(wal, retention_s, now)
+    sweep(wal, retention_s, now, proof_max_bytes)
 
 
 _RELEASE_EVERY_S = 30.0

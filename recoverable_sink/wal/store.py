@@ -323,6 +323,38 @@ class Wal(Transactions):
                 txn.delete(ack)
         return freed
 
+    def proof_bytes(self, attempt_keys: list[str]) -> dict[str, int]:
+        """The bytes each attempt's segments take in the log (headers, digests, any payload), by its key (one
+        read, values not copied out of the map)."""
+        sizes: dict[str, int] = {}
+        with self._read(buffers=True) as txn:
+            cursor = txn.cursor()
+            for key in attempt_keys:
+                start, total = segments_start(key), 0
+                if cursor.set_range(start):
+                    for k, v in cursor:
+                        if not bytes(k).startswith(start):
+                            break
+                        total += len(v)
+                sizes[key] = total
+        return sizes
+
+    def trim_proof(self, attempt_keys: list[str]) -> None:
+        """Delete the segments and bitmaps of attempts holding only proof of delivery, keeping their records,
+        marked trimmed, so that a later attempt still knows what they were (one transaction)."""
+        def body(txn: lmdb.Transaction) -> None:
+            for key in attempt_keys:
+                value = txn.get(meta_key(key))
+                if value is None:
+                    continue
+                for seg_key, ack, _ in self._segment_entries(txn, key):
+                    txn.delete(seg_key)
+                    txn.delete(ack)
+                txn.put(meta_key(key), decode_attempt(self.path, key, value).with_proof_trimmed().encode())
+
+        if attempt_keys:
+            self._write(body)
+
     def drop_claims(self, write_ids: set[str]) -> None:
         """Delete the re-run claims of writes that have no attempt left here. Only the retention sweep calls
         this: a task that read the earlier runs' proof and has yet to claim from it must find the claims other

@@ -20,6 +20,7 @@ from recoverable_sink.errors import DeliveryError
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.options import parse_options
 from recoverable_sink.wal import DONE, open_wal
+from recoverable_sink.wal.retention import sweep
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import kill_group, python_subprocess
 from testing.kafka_check import consumer_groups
@@ -104,14 +105,34 @@ def test_a_restart_or_rerun_after_the_brokers_expired_the_markers_sends_every_re
     with pytest.raises(Exception, match="upstream failure"):
         sink_writer(frame(fail_at=2 * rows // 4 + 4000), bootstrap, batch_topic, tmp_path / "batch-wal",
                     **options).save()
+    # The same failed write once more, whose committed partitions' proof will go to keep wal.proofMaxBytes.
+    trimmed_id, trimmed_topic = f"trim-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    fast_broker.create_topic(trimmed_topic, 4)
+    trimmed_options = {**options, "wal.writeId": trimmed_id, "transactional.id.prefix": f"{trimmed_id}-"}
+    with pytest.raises(Exception, match="upstream failure"):
+        sink_writer(frame(fail_at=2 * rows // 4 + 4000), bootstrap, trimmed_topic, tmp_path / "trim-wal",
+                    **trimmed_options).save()
+    committed = ids_in_topic(bootstrap, trimmed_topic, expected=3 * rows // 4)
+    assert sum(committed.values()) == 3 * rows // 4
 
-    prefixes = [streams["exactly_once"][2], f"{write_id}-"]
+    prefixes = [streams["exactly_once"][2], f"{write_id}-", f"{trimmed_id}-"]
     assert all(consumer_groups(bootstrap, p) for p in prefixes)  # the markers are there...
     wait_until(lambda: not any(consumer_groups(bootstrap, p) for p in prefixes), 300,
                "the brokers to expire the commit markers")  # ...and then gone, as after a week
 
     sink_writer(frame(), bootstrap, batch_topic, tmp_path / "batch-wal", **options).save()
     assert verdict((str(i) for i in range(rows)), ids_in_topic(bootstrap, batch_topic, expected=rows)) == (0, 0, 0)
+    # Neither marker nor digests: what the committed partitions hold cannot be told, and the re-run refuses
+    # before sending anything rather than repeat them.
+    trim_wal = open_wal(str(tmp_path / "trim-wal"))
+    sweep(trim_wal, 3600, proof_max_bytes=1)
+    done = [a for a in trim_wal.attempts() if a.state == DONE]
+    assert len(done) == 3 and all(a.trimmed for a in done)
+    with pytest.raises(Exception, match=r"wal\.proofMaxBytes"):
+        sink_writer(frame(), bootstrap, trimmed_topic, tmp_path / "trim-wal", **trimmed_options).save()
+    # The partition that never committed may have been written meanwhile: once, as the others stay once.
+    after = ids_in_topic(bootstrap, trimmed_topic, expected=3 * rows // 4)
+    assert set(committed) <= set(after) and max(after.values()) == 1
     for mode, (d, topic, _, total, args) in streams.items():
         second = python_subprocess(args, d / "second.log")
         assert second.wait(300) == 0, (d / "second.log").read_text()[-3000:]

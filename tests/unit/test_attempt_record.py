@@ -57,6 +57,11 @@ def test_a_record_goes_through_the_wal_typed_and_versioned(wal_dir):
     assert done.extra == {"newer_field": {"kept": [1, 2]}} and raw(wal, key)["newer_field"] == {"kept": [1, 2]}
     wal.set_state(key, DONE)
     assert wal.attempts("w/")[0].done_at == done.done_at  # marked done once: the first time stays
+    assert not done.trimmed and "trimmed" not in raw(wal, key)
+    wal.trim_proof([key])
+    [trimmed] = wal.attempts("w/")
+    assert trimmed.trimmed and raw(wal, key)["trimmed"] is True
+    assert replace(trimmed, trimmed=False) == done  # nothing else of the record changes
 
 
 def test_a_record_of_the_version_before_without_v_decodes_and_is_written_back_as_v1(wal_dir):

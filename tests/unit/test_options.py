@@ -76,6 +76,13 @@ def test_options_are_case_insensitive_like_spark():
     assert opts.wal_path == "/data/wal"
 
 
+def test_wal_proof_max_bytes_defaults_to_16_gib_and_takes_a_size():
+    assert parse_options(BASE).proof_max_bytes == 16 << 30
+    assert parse_options({**BASE, "wal.proofMaxBytes": "512m"}).proof_max_bytes == 512 << 20
+    with pytest.raises(OptionError, match=r"wal\.proofMaxBytes='lots' is not a size"):
+        parse_options({**BASE, "wal.proofMaxBytes": "lots"})
+
+
 def test_sizes_accept_units():
     assert parse_size("wal.maxBytes", "512") == 512
     assert parse_size("wal.maxBytes", "3k") == 3072

@@ -271,10 +271,42 @@ def test_sweep_removes_old_proof_of_finished_attempts_only(wal_dir):
     running = wal.begin_attempt("running", 0, 0, {})
     append(wal, running, 0, batch([b"c"]))
     wal.save_acks(running, {0: bytearray(b"\x01")})
-    removed, kept = sweep(wal, retention_s=3600, now=time.time() + 7200)
+    removed, kept, _ = sweep(wal, retention_s=3600, now=time.time() + 7200)
     assert (removed, kept) == (1, 2)
     assert sorted(a.write_id for a in wal.attempts()) == ["failed", "running"]
     append(wal, running, 1, batch([b"d"]))  # it goes on writing
+
+
+def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(wal_dir):
+    wal = open_wal(wal_dir)
+    finished = []
+    for write_id in ("oldest", "older", "newest"):
+        key = wal.begin_attempt(write_id, 0, 0, {})
+        append(wal, key, 0, batch([b"%s-%d" % (write_id.encode(), i) for i in range(100)]))
+        wal.save_acks(key, {0: bytearray(b"\x01" * 100)})
+        wal.finish(key, [])
+        finished.append(key)
+    pending = wal.begin_attempt("failed", 0, 0, {})  # records Kafka never acknowledged: never trimmed
+    append(wal, pending, 0, batch([b"x" * 4000]))
+    wal.end_attempt(pending)
+    running = wal.begin_attempt("running", 0, 0, {})  # this process's, still open: never trimmed
+    append(wal, running, 0, batch([b"c"]))
+    wal.save_acks(running, {0: bytearray(b"\x01")})
+    one = wal.proof_bytes([finished[0]])[finished[0]]
+    assert one >= 100 * 16
+
+    assert sweep(wal, retention_s=3600, proof_max_bytes=3 * one).trimmed == 0  # under the limit: nothing goes
+    result = sweep(wal, retention_s=3600, proof_max_bytes=one + one // 2)
+    assert result.trimmed == 2
+    by_write = {a.write_id: a for a in wal.attempts()}
+    assert sorted(by_write) == ["failed", "newest", "older", "oldest", "running"]  # every record stays
+    assert [w for w, a in sorted(by_write.items()) if a.trimmed] == ["older", "oldest"]
+    assert wal.record_count(finished[0]) == wal.record_count(finished[1]) == 0
+    assert not wal.delivered([by_write["oldest"]], all_acknowledged=True)
+    assert sum(wal.delivered([by_write["newest"]], all_acknowledged=True).acked.values()) == 100
+    assert wal.holding_payload([pending]) == {pending}
+    assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 1  # the newest; never a running one
+    assert not by_write["running"].trimmed and wal.record_count(running) == 1
 
 
 def test_a_write_to_an_attempt_no_longer_in_the_log_fails_at_once(wal_dir):
@@ -398,7 +430,7 @@ def test_sweep_removes_an_unfinished_attempt_once_its_process_is_gone_and_it_hol
     mine = wal.begin_attempt("running", 0, 0, {})  # this process's: still running
     append(wal, mine, 0, batch([b"c"]))
     wal.save_acks(mine, {0: bytearray(b"\x01")})
-    assert sweep(wal, retention_s=3600, now=time.time() + 7200) == (1, 1)
+    assert sweep(wal, retention_s=3600, now=time.time() + 7200) == (1, 1, 0)
     assert [a.write_id for a in wal.attempts()] == ["running"]
 
 
