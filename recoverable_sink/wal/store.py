@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import lmdb
 import pyarrow as pa
@@ -40,6 +41,15 @@ from recoverable_sink.wal.format import (
     segment_value,
     segments_start,
 )
+
+
+class _Entry(NamedTuple):
+    """A stored segment as its header tells it."""
+
+    key: bytes
+    ack: bytes  # its bitmap's key
+    payload: int  # payload bytes it holds
+    all_acked: bool  # rewritten as digests alone
 
 
 @dataclass(frozen=True)
@@ -246,12 +256,12 @@ class Wal(Transactions):
         def body(txn: lmdb.Transaction) -> None:
             freed = self._delete(txn, dropped or [])
             for key in superseded:
-                for seg_key, ack, value in self._segment_entries(txn, key):
-                    if all_acked(value):
+                for entry in self._segment_entries(txn, key):
+                    if entry.all_acked:
                         continue
-                    seg = self._decode(seg_key, value, txn.get(ack), payload=False)
-                    freed += self._compact(txn, seg_key, seg.acked)
-                    txn.delete(ack)
+                    seg = self._decode(entry.key, txn.get(entry.key), txn.get(entry.ack), payload=False)
+                    freed += self._compact(txn, entry.key, seg.acked)
+                    txn.delete(entry.ack)
                 if txn.get(meta_key(key)) is not None:
                     self._set_state(txn, key, DONE)
             self._set_state(txn, attempt_key, DONE)
@@ -317,10 +327,10 @@ class Wal(Transactions):
         freed = 0
         for key in attempt_keys:
             txn.delete(meta_key(key))
-            for seg_key, ack, value in self._segment_entries(txn, key):
-                freed += payload_len(value)
-                txn.delete(seg_key)
-                txn.delete(ack)
+            for entry in self._segment_entries(txn, key):
+                freed += entry.payload
+                txn.delete(entry.key)
+                txn.delete(entry.ack)
         return freed
 
     def proof_bytes(self, attempt_keys: list[str]) -> dict[str, int]:
@@ -347,9 +357,9 @@ class Wal(Transactions):
                 value = txn.get(meta_key(key))
                 if value is None:
                     continue
-                for seg_key, ack, _ in self._segment_entries(txn, key):
-                    txn.delete(seg_key)
-                    txn.delete(ack)
+                for entry in self._segment_entries(txn, key):
+                    txn.delete(entry.key)
+                    txn.delete(entry.ack)
                 txn.put(meta_key(key), decode_attempt(self.path, key, value).with_proof_trimmed().encode())
 
         if attempt_keys:
@@ -383,7 +393,7 @@ class Wal(Transactions):
         """Which of these attempts still hold a segment with records Kafka never acknowledged (one read)."""
         with self._read() as txn:
             return {key for key in attempt_keys
-                    if any(not all_acked(v) for _, _, v in self._segment_entries(txn, key))}
+                    if any(not entry.all_acked for entry in self._segment_entries(txn, key))}
 
     def used_bytes(self) -> int:
         with self._read() as txn:
@@ -450,8 +460,10 @@ class Wal(Transactions):
                     total += record_count(v)
         return total
 
-    def _segment_entries(self, txn: lmdb.Transaction, attempt_key: str) -> list[tuple[bytes, bytes, bytes]]:
-        """An attempt's segments as (segment key, bitmap key, value), in position order."""
+    def _segment_entries(self, txn: lmdb.Transaction, attempt_key: str) -> list[_Entry]:
+        """An attempt's segments, in position order, as read from their headers: each value is let go once its
+        header is read, since an attempt's segments can hold gigabytes (the digests alone are 16 bytes a record)
+        and a purge or sweep holding them all at once made a commit's Python worker grow by as much."""
         start = segments_start(attempt_key)
         cursor = txn.cursor()
         found = []
@@ -459,7 +471,7 @@ class Wal(Transactions):
             for k, v in cursor:
                 if not k.startswith(start):
                     break
-                found.append((k, ack_key_of(k), bytes(v)))
+                found.append(_Entry(k, ack_key_of(k), payload_len(v), all_acked(v)))
         return found
 
     def _decode(self, key: bytes, value: bytes, ack_value: bytes | None, payload: bool) -> Segment:

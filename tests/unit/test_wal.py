@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import time
+import tracemalloc
 import zlib
 
 import pyarrow as pa
@@ -307,6 +308,27 @@ def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(w
     assert wal.holding_payload([pending]) == {pending}
     assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 1  # the newest; never a running one
     assert not by_write["running"].trimmed and wal.record_count(running) == 1
+
+
+def test_purging_or_sweeping_an_attempt_holds_one_segment_in_memory_at_a_time_not_its_whole_proof(wal_dir):
+    wal = open_wal(wal_dir)
+    key = wal.begin_attempt("big", 0, 0, {})
+    n, segments = 10_000, 40  # 6.4 MB of digests once acknowledged
+    for s in range(segments):
+        b = batch([b"%d" % i for i in range(s * n, (s + 1) * n)])
+        append(wal, key, s * n, b, max_bytes=1 << 30, acks={})
+        wal.save_acks(key, {s * n: bytearray(b"\x01" * n)})
+    wal.finish(key, [])
+    assert wal.proof_bytes([key])[key] >= segments * n * 16
+    tracemalloc.start()
+    try:
+        assert wal.holding_payload([key]) == set()
+        wal.purge([key])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert wal.attempts() == []
+    assert peak < segments * n * 16 // 8, peak  # about one segment's 160 KB, not the attempt's 6.4 MB
 
 
 def test_a_write_to_an_attempt_no_longer_in_the_log_fails_at_once(wal_dir):
