@@ -6,7 +6,9 @@ unacknowledged, not the partition's size (its proof of delivery, 16 bytes a reco
 
     .venv/bin/python -m bench.sizes                  # SOAK_SIZES=1000000,10000000,50000000 SOAK_PARTITIONS=4,64
 
-Writes the ``sizes`` section of build/soak/results.json (keeping the rest of the file).
+Writes the ``sizes`` section of build/soak/results.json (keeping the rest of the file); each entry also has the
+fixed cost of a write on as many partitions (the fastest of three one-record-per-partition writes) and the time
+per record beyond it.
 """
 
 from __future__ import annotations
@@ -97,8 +99,13 @@ def main() -> int:
     one_write(spark, bootstrap, min(sizes), partition_counts[0])  # warm-up: the JVM's JIT, the workers
     results = []
     for partitions in partition_counts:
+        # A write's fixed cost on this many partitions (one record each: job, tasks, producers, commit), so that
+        # the time per record beyond it shows whether records get dearer with size, apart from its share.
+        fixed = min(one_write(spark, bootstrap, partitions, partitions)["seconds"] for _ in range(3))
         for rows in sizes:
             entry = one_write(spark, bootstrap, rows, partitions)
+            entry["fixed_seconds"] = fixed
+            entry["us_per_record_beyond_fixed"] = round(max(0.0, entry["seconds"] - fixed) * 1e6 / rows, 3)
             sys.stdout.write(json.dumps(entry) + "\n")
             sys.stdout.flush()
             results.append(entry)
