@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 # The sink's input columns, in the order a normalised batch keeps them.
 COLUMNS = ("key", "value", "topic", "partition", "headers", "timestamp")
+# The Arrow type of a normalised batch's headers (Spark's Kafka sink's); a map of headers is cast to it.
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 The schema is Spark's built-in Kafka sink's: ``value`` (string or binary, required), ``key`` (string or
 binary), ``topic`` (string; the ``topic`` option overrides it), ``partition`` (int), ``headers``
-(array<struct<key: string, value: binary>>), plus ``timestamp`` (timestamp) for the record's CreateTime.
+(array<struct<key: string, value: binary>>), plus ``timestamp`` (timestamp) for the record's CreateTime, and
+``headers`` also as a map<string, string> or map<string, binary>, which Spark's sink refuses.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pyspark.sql.types import (
     ByteType,
     DataType,
     IntegerType,
+    MapType,
     ShortType,
     StringType,
     StructType,
@@ -30,7 +32,7 @@ _EXPECTED = {
     "value": "string or binary",
     "topic": "string",
     "partition": "int",
-    "headers": "array<struct<key: string, value: binary>>",
+    "headers": "array<struct<key: string, value: binary>>, map<string, string> or map<string, binary>",
     "timestamp": "timestamp",
 }
 
@@ -44,7 +46,9 @@ def _type_ok(column: str, dtype: DataType) -> bool:
         return isinstance(dtype, IntegerType | ShortType | ByteType)
     if column == "timestamp":
         return isinstance(dtype, TimestampType)
-    # headers
+    # headers: Spark's shape, or a map of header names to values (one header per key, in the map's order)
+    if isinstance(dtype, MapType):
+        return isinstance(dtype.keyType, StringType) and isinstance(dtype.valueType, StringType | BinaryType)
     if not isinstance(dtype, ArrayType) or not isinstance(dtype.elementType, StructType):
         return False
     fields = {f.name: f.dataType for f in dtype.elementType.fields}
@@ -75,7 +79,8 @@ def plan_schema(schema: StructType, topic_option: str | None) -> SchemaPlan:
         if f.name not in COLUMNS:
             continue
         if not _type_ok(f.name, f.dataType):
-            hint = "build it with array(struct(lit('k').alias('key'), col.cast('binary').alias('value')))" \
+            hint = "build it with array(struct(lit('k').alias('key'), col.cast('binary').alias('value'))), or " \
+                "create_map(lit('k'), col.cast('string'))" \
                 if f.name == "headers" else f"cast it, e.g. col('{f.name}').cast('{_EXPECTED[f.name].split()[0]}')"
             raise SchemaError(
                 f"column {f.name} has type {f.dataType.simpleString()}; the Kafka sink needs "

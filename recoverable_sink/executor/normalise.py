@@ -1,17 +1,18 @@
 """An input Arrow batch in the Kafka record shape (executor): only the sink's columns, the topic column giving way
-to the topic option, timestamps as epoch milliseconds."""
+to the topic option, timestamps as epoch milliseconds, headers given as a map as Spark's list of (key, value)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recoverable_sink.columns import SchemaPlan
+from recoverable_sink.columns import HEADERS_TYPE, SchemaPlan
 
 
 def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
-    """Keep only the sink's columns (the topic column gives way to the topic option) and store timestamps
-    as epoch milliseconds, the form Kafka records carry."""
+    """Keep only the sink's columns (the topic column gives way to the topic option), store timestamps
+    as epoch milliseconds, the form Kafka records carry, and headers as Spark's list of (key, value) structs
+    whatever shape they came in, so a record's bytes, digest and WAL entry do not depend on it."""
     arrays: list[pa.Array] = []
     names: list[str] = []
     for name in plan.columns:
@@ -20,6 +21,8 @@ def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
         column = batch.column(name)
         if name == "timestamp":
             column = pc.divide(column.cast(pa.timestamp("us")).cast(pa.int64()), pa.scalar(1000, pa.int64()))
+        elif name == "headers" and pa.types.is_map(column.type):
+            column = column.cast(HEADERS_TYPE)  # a map: its entries in order, string values as their UTF-8
         arrays.append(column)
         names.append(name)
     return pa.RecordBatch.from_arrays(arrays, names=names)

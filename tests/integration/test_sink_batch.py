@@ -79,6 +79,22 @@ def test_round_trip_keeps_every_field(spark, kafka, new_topic, tmp_path, produce
     assert summary["received"] == summary["acknowledged"] == 3
 
 
+@pytest.mark.parametrize(("producer", "guarantee", "value_sql"), [
+    ("native", "exactly_once", "CONCAT('t-', id)"), ("confluent", "at_least_once", "CAST(CONCAT('t-', id) AS BINARY)")])
+def test_headers_given_as_a_map_arrive_as_kafka_headers_in_the_map_s_order(spark, kafka, new_topic, tmp_path, producer,
+                                                                         guarantee, value_sql):
+    topic = new_topic()
+    df = spark.sql(f"SELECT CAST(id AS STRING) AS key, 'v' AS value, CASE WHEN id = 1 THEN NULL WHEN id = 2 THEN "
+                   f"map() ELSE map('trace', {value_sql}, 'empty', NULL) END AS headers FROM range(4)")
+    assert df.schema["headers"].dataType.simpleString() in ("map<string,string>", "map<string,binary>")
+    summary = sink(df.coalesce(1), kafka, tmp_path, topic, **producer_options(producer),
+                   **{"delivery.guarantee": guarantee})
+    assert_produced_by(summary, producer)
+    got = {r["key"]: r["headers"] for r in read_topic(kafka.bootstrap_servers, topic, timeout_s=30, expected=4)}
+    assert got[b"0"] == [("trace", b"t-0"), ("empty", None)] and got[b"3"] == [("trace", b"t-3"), ("empty", None)]
+    assert not got[b"1"] and not got[b"2"]
+
+
 @PRODUCERS
 def test_string_columns_and_topic_column_route_each_row(spark, kafka, new_topic, tmp_path, producer):
     a, b = new_topic(), new_topic()

@@ -4,10 +4,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import KafkaException, Producer
 
-from recoverable_sink.columns import SchemaPlan
+from recoverable_sink.columns import HEADERS_TYPE, SchemaPlan
 from recoverable_sink.errors import RecordError
 from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.record_checks import check_batch
+from recoverable_sink.identity import record_digests
 from recoverable_sink.producer.arguments import to_records
 
 
@@ -150,3 +151,37 @@ def test_extra_columns_are_left_out_of_the_plan_with_one_warning(caplog):
         plan = plan_schema(schema, "t")
     assert plan.columns == ("value",)
     assert [r.getMessage().split(" are not")[0] for r in caplog.records] == ["column(s) extra, other"]
+
+
+@pytest.mark.parametrize("value_type", [pa.string(), pa.binary()])
+def test_headers_given_as_a_map_become_spark_s_list_of_key_value_with_the_same_digest(value_type):
+    entries = [[("trace", "t-1"), ("empty", None)], None, [], [("only", "x")]]
+    as_map = pa.array([[(k, v if v is None or value_type == pa.string() else v.encode()) for k, v in row]
+                       if row is not None else None for row in entries], pa.map_(pa.string(), value_type))
+    as_list = pa.array([[{"key": k, "value": v.encode() if v is not None else None} for k, v in row]
+                        if row is not None else None for row in entries], HEADERS_TYPE)
+    plan = SchemaPlan(columns=("value", "headers"), topic_option="t")
+    values = pa.array([b"a", b"b", b"c", b"d"], pa.binary())
+    for first in (0, 1):  # a batch Spark sliced: the map's offsets do not start at 0
+        from_map = normalise(pa.RecordBatch.from_arrays([values, as_map], ["value", "headers"]).slice(first), plan)
+        from_list = normalise(pa.RecordBatch.from_arrays([values, as_list], ["value", "headers"]).slice(first), plan)
+        assert from_map.column("headers").type == HEADERS_TYPE
+        assert from_map.column("headers").to_pylist() == from_list.column("headers").to_pylist()
+        assert record_digests(from_map, "t", "c") == record_digests(from_list, "t", "c")
+
+
+def test_the_driver_takes_headers_as_a_map_of_string_or_binary_values_and_names_any_other_map():
+    from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
+
+    from recoverable_sink.driver.schema import plan_schema
+    from recoverable_sink.errors import SchemaError
+
+    def schema(value_type):
+        return StructType([StructField("value", StringType()),
+                           StructField("headers", MapType(StringType(), value_type))])
+
+    for value_type in (StringType(), BinaryType()):
+        assert plan_schema(schema(value_type), "t").columns == ("value", "headers")
+    with pytest.raises(SchemaError, match=r"column headers has type map<string,int>; .*map<string, string> or "
+                                          r"map<string, binary>.*create_map"):
+        plan_schema(schema(IntegerType()), "t")
