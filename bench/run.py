@@ -16,7 +16,8 @@ headers, on a 4-partition topic; every record keyed), interleaved A B C D A B C 
 cache, JIT, broker log segments) hits every case alike; the median of the write call's wall time counts.
 Every run writes to a fresh topic whose record count is checked, then deleted. Then the cost of a retry, and
 the Python worker's peak memory writing one partition of 1x and 4x the usual partition size, and the fixed cost of
-a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch).
+a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch), and rate-limited
+writes against the time their limits imply (bench.rate).
 
     make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3 BENCH_JVM_WARMUP_WRITES=2
                                                       # BENCH_JVM_WARMUP_MAX=8
@@ -332,6 +333,11 @@ def main() -> int:
             from bench.fixed_cost import measure
 
             fixed = measure(cluster.bootstrap_servers, lambda: b.fresh_topic("fixed", 2))
+        rate: dict[str, Any] = {}
+        if not ONLY:
+            from bench import rate as rate_limit
+
+            rate = rate_limit.measure(b)
         for e in results:
             b.errors.extend(e["errors"])
         report = {
@@ -346,7 +352,7 @@ def main() -> int:
                     "broker excluded; raw_client: its own process over its timed section); python_floor is a Python "
                     "sink that only counts its Arrow batches (bench.floor).",
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
-            "memory_by_partition_size": memory, "fixed_cost": fixed,
+            "memory_by_partition_size": memory, "fixed_cost": fixed, "rate_limit": rate,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
             "wall_minutes": round((time.monotonic() - started) / 60, 1),
         }

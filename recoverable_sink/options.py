@@ -98,6 +98,8 @@ _SINK_OPTIONS = {
     "wal.proofgraceseconds",
     "wal.proofmaxbytes",
     "wal.writeid",
+    "rate.recordspersecond",
+    "rate.bytespersecond",
     "producer.native",
     "delivery.guarantee",
     "transactional.id.prefix",
@@ -128,6 +130,9 @@ class SinkOptions:
     proof_grace_seconds: float = DEFAULT_PROOF_GRACE_SECONDS
     # Finished attempts' proof of delivery kept on a host past which the oldest goes (a long wal.writeId history).
     proof_max_bytes: int = DEFAULT_PROOF_MAX_BYTES
+    # Per task: at most so many records, and bytes of keys, values and headers, handed over a second.
+    rate_records_per_s: float | None = None
+    rate_bytes_per_s: int | None = None
     preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
     summary_path: str | None = None
     write_id: str | None = None
@@ -297,6 +302,16 @@ def client_config(options: SinkOptions) -> dict[str, str]:
     return {k: v for k, v in options.producer_items if k.startswith(_CLIENT_PREFIXES)}
 
 
+def _positive(name: str, value: str | None) -> float | None:
+    """An optional limit: None when unset, else a number above 0 (an OptionError naming the option otherwise)."""
+    if value is None:
+        return None
+    number = parse_number(name, value)
+    if not number > 0 or number == float("inf"):
+        raise OptionError(f"option {name}={value!r} must be above 0; leave it unset for no limit")
+    return number
+
+
 def _at_least(low: float, name: str, value: float) -> float:
     """``value`` where it is at least ``low``; an OptionError naming the option otherwise."""
     if value < low:
@@ -374,6 +389,9 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         proof_grace_seconds=_at_least(1, "wal.proofGraceSeconds", parse_number(
             "wal.proofGraceSeconds", lowered.get("wal.proofgraceseconds", str(DEFAULT_PROOF_GRACE_SECONDS)))),
         proof_max_bytes=parse_size("wal.proofMaxBytes", lowered.get("wal.proofmaxbytes", str(DEFAULT_PROOF_MAX_BYTES))),
+        rate_records_per_s=_positive("rate.recordsPerSecond", lowered.get("rate.recordspersecond")),
+        rate_bytes_per_s=parse_size("rate.bytesPerSecond", lowered["rate.bytespersecond"])
+        if "rate.bytespersecond" in lowered else None,
         preflight_timeout_s=parse_number(
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,

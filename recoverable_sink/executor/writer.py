@@ -36,6 +36,7 @@ from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
 from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt, NoLog, open_log
 from recoverable_sink.executor.normalise import normalise
+from recoverable_sink.executor.pacing import Pacer, pacer_for
 from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, split
@@ -149,6 +150,7 @@ class AtLeastOnceWriter:
         self.position = 0  # records read from Spark
         self.logged = 0  # records handed to the WAL (the ones this attempt must send)
         self._given_producer = producer
+        self.pacer: Pacer = pacer_for(options)  # rate.recordsPerSecond / rate.bytesPerSecond, if set
         self._pending: _Pending | None = None
         self._last_checkpoint = time.monotonic()
 
@@ -236,12 +238,13 @@ class AtLeastOnceWriter:
                     digests = b"".join(d for d, keep in zip(split(digests), sent, strict=True) if keep)
         if batch.num_rows == 0:
             return
-        stored = self.log.store(batch, self.logged, digests, self._dirty(), self.plan.topic_option, self.cluster_id,
-                                self.fingerprint)
-        if self._pending is not None:
-            self._produce(self._pending)
-        self._pending = _Pending(batch, self.logged, stored)
-        self.logged += batch.num_rows
+        for piece, piece_digests in self.pacer.pieces(batch, digests):
+            stored = self.log.store(piece, self.logged, piece_digests, self._dirty(), self.plan.topic_option,
+                                    self.cluster_id, self.fingerprint)
+            if self._pending is not None:
+                self._produce(self._pending)
+            self._pending = _Pending(piece, self.logged, stored)
+            self.logged += piece.num_rows
 
     def _not_delivered(self, digests: list[bytes]) -> list[bool]:
         """Per record, whether it must be sent: neither an earlier attempt of this run nor, on a re-run, an
@@ -272,6 +275,7 @@ class AtLeastOnceWriter:
     def _produce(self, pending: _Pending) -> None:
         if pending.stored is not None:
             self.message.wal_bytes += pending.stored.result()
+        self.pacer.wait(pending.batch)
         self._before_send()
         try:
             with _no_collection():

@@ -95,6 +95,17 @@ def test_headers_given_as_a_map_arrive_as_kafka_headers_in_the_map_s_order(spark
     assert not got[b"1"] and not got[b"2"]
 
 
+@pytest.mark.parametrize("guarantee", ["at_least_once", "exactly_once"])
+def test_a_rate_limited_write_delivers_every_record_once(spark, kafka, new_topic, tmp_path, guarantee):
+    topic, rows = new_topic(partitions=2), 20_000
+    df = spark.range(rows, numPartitions=2).selectExpr("CAST(id AS STRING) AS key", "repeat('v', 100) AS value")
+    summary = sink(df, kafka, tmp_path, topic, **{"delivery.guarantee": guarantee, "rate.recordsPerSecond": "20000",
+                                                  "rate.bytesPerSecond": "4m"})
+    assert summary["acknowledged"] == rows
+    got = read_topic(kafka.bootstrap_servers, topic, timeout_s=30, expected=rows)
+    assert sorted(int(r["key"]) for r in got) == list(range(rows))
+
+
 @PRODUCERS
 def test_string_columns_and_topic_column_route_each_row(spark, kafka, new_topic, tmp_path, producer):
     a, b = new_topic(), new_topic()
