@@ -5,7 +5,7 @@ record and a retried task does not repeat the ones Kafka already acknowledged.""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from recoverable_sink.driver.deployment import POINT_WORKERS, missing_here
 
@@ -41,6 +41,7 @@ __all__ = [
     "WalCorruptionError",
     "WalError",
     "WalFullError",
+    "last_write",
     "register",
 ]
 
@@ -70,6 +71,16 @@ def register(spark: SparkSession) -> None:
             raise
     if jvm is not None:  # a classic session (Spark Connect resolves on the server)
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
+def last_write(spark: SparkSession) -> dict[str, Any] | None:
+    """The summary of the last write (or micro-batch) that ``spark``'s driver committed through the sink: its
+    counts, its tasks, and ``offsets``, per Kafka topic-partition the first and last offset it wrote and the
+    records (under exactly_once, those of the committed transactions); None before any. See
+    :func:`recoverable_sink.driver.last_write.last_write`."""
+    from recoverable_sink.driver.last_write import last_write as read
+
+    return read(spark)
 
 
 def __getattr__(name: str) -> object:

@@ -65,6 +65,10 @@ class SinkCommitMessage(WriterCommitMessage):
     committed_before: bool = False  # exactly_once: an earlier attempt's transaction already holds the partition
     query_id: str | None = None  # streaming only
     producer: str = ""  # "native" (the C produce loop) or "confluent" (confluent-kafka's produce() per record)
+    # Where this attempt's acknowledged records went: (topic, partition, first offset, last offset, records), and
+    # whether that covers the partition (not where records were skipped as delivered by an earlier attempt).
+    offsets: tuple[tuple[str, int, int, int, int], ...] = ()
+    offsets_complete: bool = True
 
 
 def stream_write_id(query_id: str, batch_id: int) -> str:

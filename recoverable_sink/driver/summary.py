@@ -11,6 +11,7 @@ from dataclasses import asdict
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage
+from recoverable_sink.driver.last_write import remember
 
 log = get_logger("summary")
 
@@ -27,16 +28,30 @@ def summarize(messages: Sequence[object]) -> dict[str, object]:
     totals["finished"] = sorted(m.partition for m in done)
     totals["unfinished"] = [i for i, m in enumerate(messages) if not isinstance(m, SinkCommitMessage)]
     totals["tasks"] = [asdict(m) for m in done]
+    # Where the records went: per topic-partition, over the tasks, the first and last offset and the records.
+    written: dict[tuple[str, int], list[int]] = {}
+    for m in done:
+        for topic, partition, first, last, count in m.offsets:
+            seen = written.setdefault((topic, partition), [first, last, 0])
+            seen[0], seen[1], seen[2] = min(seen[0], first), max(seen[1], last), seen[2] + count
+    totals["offsets"] = [{"topic": t, "partition": p, "first": f, "last": last, "records": n}
+                         for (t, p), (f, last, n) in sorted(written.items())]
+    # False where a task skipped records an earlier attempt had written (their offsets are not known) or failed.
+    totals["offsets_complete"] = len(done) == len(messages) and all(m.offsets_complete for m in done)
     return totals
 
 
 def write_summary(path: str | None, event: str, write_id: str, summary: dict[str, object]) -> None:
-    """Append the summary as one JSON line to ``summary.path`` (for tools and tests), if set."""
+    """Append the summary as one JSON line to ``summary.path`` (for tools and tests), if set; a commit's is also
+    kept for :func:`recoverable_sink.last_write`."""
+    record = {"event": event, "write_id": write_id, "time": time.time(), **summary}
+    if event == "commit":
+        remember(record)
     if not path:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a", encoding="utf-8") as out:
-        out.write(json.dumps({"event": event, "write_id": write_id, "time": time.time(), **summary}) + "\n")
+        out.write(json.dumps(record) + "\n")
 
 
 def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = False) -> None:

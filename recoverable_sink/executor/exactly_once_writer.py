@@ -216,6 +216,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             self.log.purge([p.key for p in self._this_runs(self.log.priors)])
         self.message.received = self.position
         self.message.committed_before = True
+        self.message.offsets_complete = False  # an earlier attempt's transaction wrote them, this one knows not where
         self.message.seconds = time.monotonic() - self.started
         return self.message
 

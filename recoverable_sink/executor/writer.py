@@ -351,6 +351,8 @@ class AtLeastOnceWriter:
         message = self.message
         message.received = self.position
         message.acknowledged = ledger.acked
+        message.offsets, complete = ledger.written_offsets()
+        message.offsets_complete = complete and not message.skipped
         message.diverged = self.delivered.left_over()
         self._keep_proof(message)
         message.seconds = time.monotonic() - self.started

@@ -63,6 +63,8 @@ static PyMethodDef Producer_methods[] = {
     {"close", (PyCFunction)Producer_close, METH_NOARGS, "Destroy the librdkafka handle."},
     {"take_failures", (PyCFunction)Producer_take_failures, METH_NOARGS, "Failure reports since the last call."},
     {"take_logs", (PyCFunction)Producer_take_logs, METH_NOARGS, "librdkafka's log lines since the last call."},
+    {"take_written", (PyCFunction)Producer_take_written, METH_NOARGS,
+     "Per topic-partition, the first and last offset and count acknowledged since the last call (offsets=True)."},
     {"partition_count", (PyCFunction)Producer_partition_count, METH_VARARGS, "A topic's partition count."},
     {"connect", (PyCFunction)Producer_connect, METH_VARARGS, "Wait until a broker answers; (error code, text)."},
     {"init_transactions", (PyCFunction)Producer_init_transactions, METH_VARARGS, NULL},

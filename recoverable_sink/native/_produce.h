@@ -54,6 +54,14 @@ typedef struct {
     char *topic;
 } Failure;
 
+/* What was acknowledged to one topic-partition since the last take_written(): its lowest and highest offset and
+ * how many records. Kept only when the handle was made with offsets=True (success reports on). */
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t first, last, count;
+} Written;
+
 #define LOG_LINES_KEPT 1000 /* log lines kept between two take_logs(); later ones are counted, not kept */
 
 typedef struct {
@@ -69,6 +77,10 @@ typedef struct {
     size_t count, capacity, named;
     LogLine *logs;
     size_t logs_count, logs_dropped;
+    int track_written; /* success reports on: each acknowledged record's offset is noted in written */
+    Written *written;
+    size_t written_count, written_capacity, written_last;
+    int written_lost; /* an entry could not be allocated: what take_written() returns is incomplete */
     int busy; /* a call is using rk without the GIL: close() must not destroy it meanwhile */
     /* Records are handed over without a copy of their values: librdkafka reads each value from the batch's own
      * Arrow buffer until the record is destroyed (acknowledged or failed). The value columns of every send()
@@ -113,6 +125,7 @@ RK_PRIVATE PyObject *Producer_purge(Producer *self, PyObject *unused);
 RK_PRIVATE PyObject *Producer_close(Producer *self, PyObject *unused);
 RK_PRIVATE PyObject *Producer_take_failures(Producer *self, PyObject *unused);
 RK_PRIVATE PyObject *Producer_take_logs(Producer *self, PyObject *unused);
+RK_PRIVATE PyObject *Producer_take_written(Producer *self, PyObject *unused);
 
 /* _produce_send.c */
 RK_PRIVATE PyObject *Producer_send(Producer *self, PyObject *args);

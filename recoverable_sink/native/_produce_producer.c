@@ -10,11 +10,64 @@
 
 /* ---- failure reports and log lines, from librdkafka's threads ------------------------------------------------ */
 
+/* An acknowledged record's offset, into its topic-partition's entry (the last one used is tried first: a produce
+ * response reports one partition's records together). Called with the lock held. */
+static void note_written(Producer *self, const rd_kafka_message_t *msg) {
+    const char *topic = msg->rkt != NULL ? k_rd_kafka_topic_name(msg->rkt) : "";
+    Written *w = NULL;
+    if (self->written_last < self->written_count) {
+        Written *last = &self->written[self->written_last];
+        if (last->partition == msg->partition && strcmp(last->topic, topic) == 0)
+            w = last;
+    }
+    for (size_t i = 0; w == NULL && i < self->written_count; i++) {
+        if (self->written[i].partition == msg->partition && strcmp(self->written[i].topic, topic) == 0) {
+            w = &self->written[i];
+            self->written_last = i;
+        }
+    }
+    if (w == NULL) {
+        if (self->written_count == self->written_capacity) {
+            size_t capacity = self->written_capacity ? self->written_capacity * 2 : 8;
+            Written *grown = realloc(self->written, capacity * sizeof(Written));
+            if (grown == NULL) {
+                self->written_lost = 1;
+                return;
+            }
+            self->written = grown;
+            self->written_capacity = capacity;
+        }
+        char *name = strdup(topic);
+        if (name == NULL) {
+            self->written_lost = 1;
+            return;
+        }
+        w = &self->written[self->written_count];
+        self->written_last = self->written_count++;
+        w->topic = name;
+        w->partition = msg->partition;
+        w->first = w->last = msg->offset;
+        w->count = 0;
+    }
+    if (msg->offset < w->first)
+        w->first = msg->offset;
+    if (msg->offset > w->last)
+        w->last = msg->offset;
+    w->count++;
+}
+
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
     (void)rk;
     Producer *self = opaque;
-    if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR)
-        return; /* not expected with delivery.report.only.error; an acknowledgement is learnt at a drain */
+    if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        /* Reported only with offsets=True; an acknowledgement itself is learnt at a drain either way. */
+        if (self->track_written) {
+            pthread_mutex_lock(&self->lock);
+            note_written(self, msg);
+            pthread_mutex_unlock(&self->lock);
+        }
+        return;
+    }
     pthread_mutex_lock(&self->lock);
     if (self->count == self->capacity) {
         size_t capacity = self->capacity ? self->capacity * 2 : 64;
@@ -77,10 +130,13 @@ static int check_loaded(void) {
 }
 
 int Producer_init(Producer *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"config", "offsets", NULL};
     PyObject *config, *key, *value;
     Py_ssize_t pos = 0;
+    int offsets = 0;
     char errstr[512];
-    if (check_loaded() < 0 || !PyArg_ParseTuple(args, "O!", &PyDict_Type, &config))
+    if (check_loaded() < 0 ||
+        !PyArg_ParseTupleAndKeywords(args, kwargs, "O!|p", keywords, &PyDict_Type, &config, &offsets))
         return -1;
     if (self->rk != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the producer is already initialised");
@@ -99,7 +155,11 @@ int Producer_init(Producer *self, PyObject *args, PyObject *kwargs) {
             return -1;
         }
     }
-    if (k_rd_kafka_conf_set(conf, "delivery.report.only.error", "true", errstr, sizeof errstr) != RD_KAFKA_CONF_OK) {
+    /* Failure reports only, unless the written offsets are wanted: then every record is reported, and the C
+     * callback folds an acknowledged one into its topic-partition's first and last offset and count. */
+    self->track_written = offsets;
+    if (k_rd_kafka_conf_set(conf, "delivery.report.only.error", offsets ? "false" : "true", errstr,
+                            sizeof errstr) != RD_KAFKA_CONF_OK) {
         k_rd_kafka_conf_destroy(conf);
         raise_kafka(RD_KAFKA_RESP_ERR__INVALID_ARG, errstr, 0, 0, 0);
         return -1;
@@ -150,6 +210,12 @@ static void free_failures(Failure *failures, size_t count) {
     free(failures);
 }
 
+static void free_written(Written *written, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        free(written[i].topic);
+    free(written);
+}
+
 static void free_logs(LogLine *logs, size_t count) {
     for (size_t i = 0; i < count; i++)
         free(logs[i].text);
@@ -174,6 +240,7 @@ void Producer_dealloc(Producer *self) {
     Py_CLEAR(self->values);
     free_failures(self->failures, self->count);
     free_logs(self->logs, self->logs_count);
+    free_written(self->written, self->written_count);
     pthread_mutex_destroy(&self->lock);
     freefunc free_self = (freefunc)PyType_GetSlot(type, Py_tp_free);
     free_self(self);
@@ -309,6 +376,32 @@ PyObject *Producer_take_logs(Producer *self, PyObject *unused) {
         free_logs(self->logs, self->logs_count);
         self->logs = NULL;
         self->logs_count = self->logs_dropped = 0;
+    }
+    pthread_mutex_unlock(&self->lock);
+    return out;
+}
+
+/* What was acknowledged since the last call, per topic-partition, and whether that is all of it:
+ * ([(topic, partition, first offset, last offset, records)], complete). Empty unless made with offsets=True. */
+PyObject *Producer_take_written(Producer *self, PyObject *unused) {
+    pthread_mutex_lock(&self->lock);
+    PyObject *entries = PyList_New((Py_ssize_t)self->written_count);
+    for (size_t i = 0; entries != NULL && i < self->written_count; i++) {
+        Written *w = &self->written[i];
+        PyObject *item = Py_BuildValue("(siLLL)", w->topic, w->partition, (long long)w->first, (long long)w->last,
+                                       (long long)w->count);
+        if (item == NULL) {
+            Py_CLEAR(entries);
+            break;
+        }
+        PyList_SetItem(entries, (Py_ssize_t)i, item); /* steals item */
+    }
+    PyObject *out = entries == NULL ? NULL : Py_BuildValue("(NO)", entries, self->written_lost ? Py_False : Py_True);
+    if (out != NULL) {
+        free_written(self->written, self->written_count);
+        self->written = NULL;
+        self->written_count = self->written_capacity = self->written_last = 0;
+        self->written_lost = 0;
     }
     pthread_mutex_unlock(&self->lock);
     return out;

@@ -37,8 +37,12 @@ class ConfluentProducer:
 
         def on_failure(err: KafkaError | None, msg: Message) -> None:
             ledger = slot[0]
-            if err is not None and ledger is not None:
+            if ledger is None:
+                return
+            if err is not None:
                 ledger.on_failure(err, msg)
+            else:
+                ledger.on_acknowledged(msg.topic(), msg.partition(), msg.offset())
 
         self.client = make_client(on_failure)
         self._slot = slot
@@ -46,9 +50,10 @@ class ConfluentProducer:
 
     @classmethod
     def open(cls, conf: dict[str, Any], client_conf: dict[str, Any] | None = None) -> ConfluentProducer:
-        """confluent-kafka's producer with configuration ``conf``, reporting failed deliveries only; librdkafka's
-        log lines go to the sink's logger (served by poll), as the native producer's do."""
-        return cls(lambda on_failure: Producer({**conf, "delivery.report.only.error": True, "on_delivery": on_failure,
+        """confluent-kafka's producer with configuration ``conf``, reporting every delivery (a success gives its
+        record's offset to the write's summary); librdkafka's log lines go to the sink's logger (served by poll), as
+        the native producer's do."""
+        return cls(lambda on_failure: Producer({**conf, "delivery.report.only.error": False, "on_delivery": on_failure,
                                                 "logger": get_logger("librdkafka")}), client_conf)
 
     @property

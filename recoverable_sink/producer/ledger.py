@@ -103,6 +103,9 @@ class Ledger:
     _failures: Counter[tuple[str | None, bytes | None, bytes | None]] = field(default_factory=Counter)
     _failed_rows: dict[int, list[int]] = field(default_factory=dict)  # native: by slot, the rows that failed
     _slots: int = 0
+    # From success reports: per (topic, partition), the first and last offset acknowledged and how many records.
+    _written: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    _written_complete: bool = True
 
     # ---- what producers do ------------------------------------------------------------------------------
     @contextmanager
@@ -144,6 +147,30 @@ class Ledger:
             self._failed_rows.setdefault(opaque >> 32, []).append(opaque & 0xFFFFFFFF)
             if len(self._errors) < 20:
                 self._errors.append((topic or "?", partition, KafkaError(code)))
+
+    def on_written(self, entries: list[tuple[str, int, int, int, int]], complete: bool) -> None:
+        """The native producer's acknowledged offsets, folded per topic-partition in C: (topic, partition, first,
+        last, records); ``complete`` False when C could not note some of them."""
+        for topic, partition, first, last, count in entries:
+            self._fold(topic, partition, first, last, count)
+        self._written_complete = self._written_complete and complete
+
+    def on_acknowledged(self, topic: str, partition: int, offset: int) -> None:
+        """confluent-kafka's success report of one record."""
+        self._fold(topic, partition, offset, offset, 1)
+
+    def _fold(self, topic: str, partition: int, first: int, last: int, count: int) -> None:
+        seen = self._written.get((topic, partition))
+        if seen is None:
+            self._written[(topic, partition)] = [first, last, count]
+        else:
+            seen[0], seen[1], seen[2] = min(seen[0], first), max(seen[1], last), seen[2] + count
+
+    def written_offsets(self) -> tuple[tuple[tuple[str, int, int, int, int], ...], bool]:
+        """What Kafka acknowledged to this attempt, per topic-partition: ((topic, partition, first offset, last
+        offset, records), ...) sorted, and whether every acknowledged record is counted in it."""
+        entries = tuple(sorted((t, p, f, last, n) for (t, p), (f, last, n) in self._written.items()))
+        return entries, self._written_complete and sum(e[4] for e in entries) == self.acked
 
     # ---- what the writer does ---------------------------------------------------------------------------
     def serve(self, producer: _Queue) -> None:

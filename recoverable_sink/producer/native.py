@@ -73,15 +73,21 @@ class NativeProducer:
         module = native_module()
         if module is None:
             raise RuntimeError("the _produce extension is not available")
-        self._p = module.Producer({k: str(v) for k, v in conf.items()})
+        # offsets=True: acknowledged records are reported too, folded in C into each topic-partition's first and
+        # last offset (the write's summary says where its records went).
+        self._p = module.Producer({k: str(v) for k, v in conf.items()}, offsets=True)
         self.ledger: Ledger | None = None
 
     def _collect(self) -> None:
         for level, line in self._p.take_logs():  # kept in C: librdkafka's threads cannot call Python
             _librdkafka_log.log(_SYSLOG_LEVELS[min(max(level, 0), 7)], line)
         failures = self._p.take_failures()
-        if failures and self.ledger is not None:
-            self.ledger.on_failures_at(failures)
+        written, complete = self._p.take_written()
+        if self.ledger is not None:
+            if failures:
+                self.ledger.on_failures_at(failures)
+            if written or not complete:
+                self.ledger.on_written(written, complete)
 
     def poll(self, timeout: float = 0) -> int:
         try:

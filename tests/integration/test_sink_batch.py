@@ -106,6 +106,27 @@ def test_a_rate_limited_write_delivers_every_record_once(spark, kafka, new_topic
     assert sorted(int(r["key"]) for r in got) == list(range(rows))
 
 
+@pytest.mark.parametrize(("producer", "guarantee"), [("native", "exactly_once"), ("native", "at_least_once"),
+                                                    ("confluent", "at_least_once")])
+def test_the_summary_and_last_write_say_which_offsets_each_partition_got(spark, kafka, new_topic, tmp_path, producer,
+                                                                         guarantee):
+    from recoverable_sink import last_write
+
+    topic, rows = new_topic(partitions=3), 3000
+    df = spark.range(rows, numPartitions=2).selectExpr("CAST(id AS STRING) AS key", "'v' AS value")
+    summary = sink(df, kafka, tmp_path, topic, **producer_options(producer), **{"delivery.guarantee": guarantee})
+    got = read_topic(kafka.bootstrap_servers, topic, timeout_s=30, expected=rows)
+    expected = []
+    for partition in sorted({r["partition"] for r in got}):
+        offsets = [r["offset"] for r in got if r["partition"] == partition]
+        expected.append({"topic": topic, "partition": partition, "first": min(offsets), "last": max(offsets),
+                         "records": len(offsets)})
+    assert summary["offsets"] == expected and summary["offsets_complete"] is True
+    assert sum(e["records"] for e in summary["offsets"]) == rows
+    last = last_write(spark)
+    assert last is not None and last["write_id"] == summary["write_id"] and last["offsets"] == expected
+
+
 @PRODUCERS
 def test_string_columns_and_topic_column_route_each_row(spark, kafka, new_topic, tmp_path, producer):
     a, b = new_topic(), new_topic()
