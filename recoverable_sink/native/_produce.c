@@ -5,9 +5,10 @@
  *
  * Why: with confluent-kafka each record costs a produce() call (argument parsing, a bytes object per key and
  * value, a small state per record for its delivery report) and poll() takes the GIL once per acknowledged
- * record. Here a batch is handed over in one call that holds no GIL, and librdkafka itself keeps only
- * failure reports (delivery.report.only.error), which a C callback collects with the record's position
- * (the message opaque): what succeeded is learnt at drains, as in the Python path.
+ * record. Here a batch is handed over in one call that holds no GIL, and a C callback collects failure reports
+ * with the record's position (the message opaque): what succeeded is learnt at drains, as in the Python path.
+ * Success reports (offsets=True) are folded in C into each topic-partition's first and last offset and count,
+ * for the write's summary; without it librdkafka keeps failure reports only (delivery.report.only.error).
  *
  * librdkafka is not linked: load() opens the library confluent-kafka ships (the same build its producer
  * uses) or the system's, checks its version and looks up the functions of RK_FUNCS. They are declared in

@@ -282,7 +282,8 @@ static int64_t monotonic_ms(void) {
 
 /* rd_kafka_flush waits in slices of 10 ms and ends a slice early only for a delivery report; with success reports
  * off (delivery.report.only.error) an emptied queue was noticed up to 10 ms late, at every drain and at every task's
- * end. Flushing 1 ms at a time notices it within a millisecond, and each call keeps linger.ms waived meanwhile. */
+ * end, and with them on the last reports come in one batch. Flushing 1 ms at a time notices it within a
+ * millisecond, and each call keeps linger.ms waived meanwhile. */
 static void flush_finely(rd_kafka_t *rk, int timeout_ms) {
     int64_t deadline = timeout_ms < 0 ? INT64_MAX : monotonic_ms() + timeout_ms;
     do {

@@ -63,8 +63,9 @@ def native_module() -> Any:
 
 
 class NativeProducer:
-    """A librdkafka producer fed from Arrow arrays by the ``_produce`` extension. Only failures are reported;
-    they are collected after every ``poll``/``flush`` and handed to ``ledger`` (set by the task using it), and
+    """A librdkafka producer fed from Arrow arrays by the ``_produce`` extension. Failure reports and the written
+    offsets (success reports folded in C) are collected after every ``poll``/``flush`` and handed to ``ledger``
+    (set by the task using it), and
     librdkafka's log lines, kept in C meanwhile, go to the ``recoverable_sink.librdkafka`` logger then."""
 
     kind = "native"

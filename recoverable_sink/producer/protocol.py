@@ -15,8 +15,9 @@ from recoverable_sink.producer.ledger import Ledger
 
 
 class SinkProducer(Protocol):
-    """A librdkafka producer whose only delivery reports are failures, handed to ``ledger`` (set by the task
-    using it for its duration: producers are reused by the tasks a Python worker runs, one at a time)."""
+    """A librdkafka producer whose delivery reports go to ``ledger`` (set by the task using it for its duration:
+    producers are reused by the tasks a Python worker runs, one at a time): failures by record, successes as the
+    written offsets."""
 
     kind: str  # "native" or "confluent": named in the commit message and the worker's log
     ledger: Ledger | None
