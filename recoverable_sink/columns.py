@@ -19,6 +19,8 @@ class SchemaPlan:
 
     columns: tuple[str, ...]
     topic_option: str | None
+    # Schema Registry framing: (column, the 5 bytes each of its non-null values starts with: magic 0, schema id).
+    frames: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def topic_from_column(self) -> bool:

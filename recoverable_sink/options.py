@@ -7,10 +7,12 @@ are rejected with what to use instead. Settings that would break the sink's guar
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from recoverable_sink._faults import FAULT_PREFIX, FaultPlan, parse_faults
@@ -106,6 +108,11 @@ _SINK_OPTIONS = {
     "preflight.timeoutms",
     "summary.path",
 }
+# Schema Registry framing, per field: "<field>.<name>" for field in key, value.
+_REGISTRY_OPTIONS = ("schema.registry.url", "subject", "subject.name.strategy", "avro.schema",
+                     "schema.registry.basic.auth.user.info")
+_SINK_OPTIONS |= {f"{field}.{name}" for field in ("key", "value") for name in _REGISTRY_OPTIONS}
+SUBJECT_STRATEGIES = ("TopicNameStrategy", "RecordNameStrategy", "TopicRecordNameStrategy")
 # Options Spark itself may hand to a streaming sink; they mean nothing here.
 _IGNORED = {"checkpointlocation", "queryname", "path"}
 
@@ -113,6 +120,43 @@ _IGNORED = {"checkpointlocation", "queryname", "path"}
 def is_sensitive(name: str) -> bool:
     """True for producer properties whose values are secrets (never logged or put in a message)."""
     return name.lower() in _LIBRDKAFKA_SENSITIVE or bool(_SENSITIVE_LOOKING.search(name))
+
+
+@dataclass(frozen=True)
+class RegistryFraming:
+    """Records of one field (key or value) framed for a Confluent-compatible Schema Registry: the Avro binary a
+    column holds (Spark's ``to_avro``) is registered under a subject on the driver and prefixed with its id."""
+
+    field: str  # "key" or "value"
+    url: str  # the registry's base URL
+    avro_schema: str  # the Avro schema (JSON) the column's bytes were written with
+    subject: str | None  # None: named by the strategy
+    strategy: str  # one of SUBJECT_STRATEGIES
+    user_info: str | None = dataclass_field(default=None, repr=False)  # "user:password" for basic auth: a secret
+
+    def subject_for(self, topic: str | None) -> str:
+        """The subject the schema is registered under (Confluent's subject name strategies)."""
+        if self.subject:
+            return self.subject
+        if self.strategy == "RecordNameStrategy":
+            return self.record_name()
+        if topic is None:
+            raise OptionError(f"option {self.field}.schema.registry.url: the records name their topic in a column, so "
+                              f"{self.strategy} has no topic to name the subject by; set {self.field}.subject, or "
+                              f"{self.field}.subject.name.strategy=RecordNameStrategy")
+        if self.strategy == "TopicRecordNameStrategy":
+            return f"{topic}-{self.record_name()}"
+        return f"{topic}-{self.field}"
+
+    def record_name(self) -> str:
+        schema = json.loads(self.avro_schema)
+        if not isinstance(schema, dict) or schema.get("type") != "record" or not schema.get("name"):
+            raise OptionError(f"option {self.field}.subject.name.strategy={self.strategy} names the subject by the "
+                              f"record's name, and {self.field}.avro.schema is not a named record; set "
+                              f"{self.field}.subject, or use TopicNameStrategy")
+        name = str(schema["name"])
+        namespace = schema.get("namespace")
+        return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
 @dataclass(frozen=True)
@@ -133,6 +177,7 @@ class SinkOptions:
     # Per task: at most so many records, and bytes of keys, values and headers, handed over a second.
     rate_records_per_s: float | None = None
     rate_bytes_per_s: int | None = None
+    registry: tuple[RegistryFraming, ...] = ()  # Schema Registry framing of key and/or value
     preflight_timeout_s: float = DEFAULT_PREFLIGHT_TIMEOUT_MS / 1000
     summary_path: str | None = None
     write_id: str | None = None
@@ -153,7 +198,8 @@ class SinkOptions:
         return {k: ("***" if is_sensitive(k) else v) for k, v in self.producer_items}
 
     def secrets(self) -> list[str]:
-        return [v for k, v in self.producer_items if is_sensitive(k) and v]
+        return [v for k, v in self.producer_items if is_sensitive(k) and v] + \
+            [r.user_info for r in self.registry if r.user_info]
 
     def scrub(self, text: str) -> str:
         """Remove every secret value from a text (an error from librdkafka, say) before it is shown."""
@@ -302,6 +348,40 @@ def client_config(options: SinkOptions) -> dict[str, str]:
     return {k: v for k, v in options.producer_items if k.startswith(_CLIENT_PREFIXES)}
 
 
+def _registry(lowered: Mapping[str, str], field: str) -> RegistryFraming | None:
+    """The Schema Registry framing of ``field``, if its options ask for one."""
+    given = {name: lowered.get(f"{field}.{name.lower()}") for name in _REGISTRY_OPTIONS}
+    url = given["schema.registry.url"]
+    if not url:
+        stray = [f"{field}.{n}" for n, v in given.items() if v]
+        if stray:
+            raise OptionError(f"option(s) {', '.join(stray)} apply only with {field}.schema.registry.url; set it, "
+                              "or remove them")
+        return None
+    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+        raise OptionError(f"option {field}.schema.registry.url={url!r} is not an http(s) URL of a Schema Registry "
+                          "(e.g. http://registry:8081)")
+    schema = given["avro.schema"]
+    if not schema:
+        raise OptionError(f"option {field}.schema.registry.url needs {field}.avro.schema: the Avro schema (JSON) the "
+                          f"{field} column was written with, the one passed to to_avro({field}_struct, schema)")
+    try:
+        json.loads(schema)
+    except ValueError as exc:
+        raise OptionError(f"option {field}.avro.schema is not JSON ({exc}); give the Avro schema as to_avro() "
+                          "takes it") from None
+    strategy = given["subject.name.strategy"] or "TopicNameStrategy"
+    matched = [s for s in SUBJECT_STRATEGIES if s.lower() == strategy.rsplit(".", 1)[-1].lower()]
+    if not matched:
+        raise OptionError(f"option {field}.subject.name.strategy={strategy!r} must be one of "
+                          f"{', '.join(SUBJECT_STRATEGIES)}")
+    framing = RegistryFraming(field=field, url=url.rstrip("/"), avro_schema=schema, subject=given["subject"],
+                              strategy=matched[0], user_info=given["schema.registry.basic.auth.user.info"])
+    if matched[0] != "TopicNameStrategy" and not framing.subject:
+        framing.record_name()  # a schema without a record name is named now, not at the first task
+    return framing
+
+
 def _positive(name: str, value: str | None) -> float | None:
     """An optional limit: None when unset, else a number above 0 (an OptionError naming the option otherwise)."""
     if value is None:
@@ -392,6 +472,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         rate_records_per_s=_positive("rate.recordsPerSecond", lowered.get("rate.recordspersecond")),
         rate_bytes_per_s=parse_size("rate.bytesPerSecond", lowered["rate.bytespersecond"])
         if "rate.bytespersecond" in lowered else None,
+        registry=tuple(r for r in (_registry(lowered, f) for f in ("key", "value")) if r is not None),
         preflight_timeout_s=parse_number(
             "preflight.timeoutMs", lowered.get("preflight.timeoutms", str(DEFAULT_PREFLIGHT_TIMEOUT_MS))
         ) / 1000,

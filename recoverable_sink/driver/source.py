@@ -14,6 +14,7 @@ from pyspark.sql.types import StructType
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.driver.batch_write import RecoverableKafkaBatchWriter
 from recoverable_sink.driver.preflight import TopicQuestions, check_cluster, check_transactions, fit_topic_limit
+from recoverable_sink.driver.registry import frame_with_registry
 from recoverable_sink.driver.schema import plan_schema
 from recoverable_sink.driver.stream_write import RecoverableKafkaStreamWriter
 from recoverable_sink.errors import OptionError, sentence_first
@@ -55,7 +56,7 @@ class RecoverableKafkaDataSource(DataSource):
     def _writer_args(self, schema: StructType) -> WriterArgs:
         """Options, schema plan and cluster id, all checked on the driver before any task runs."""
         options = parse_options(self.options)
-        plan = plan_schema(schema, options.topic)
+        plan = frame_with_registry(options, plan_schema(schema, options.topic), schema)
         questions = TopicQuestions.ask(options)  # answered while check_cluster waits for the brokers' metadata
         cluster_id = check_cluster(options, questions)
         options = fit_topic_limit(options, questions)

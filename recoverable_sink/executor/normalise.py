@@ -1,5 +1,6 @@
 """An input Arrow batch in the Kafka record shape (executor): only the sink's columns, the topic column giving way
-to the topic option, timestamps as epoch milliseconds, headers given as a map as Spark's list of (key, value)."""
+to the topic option, timestamps as epoch milliseconds, headers given as a map as Spark's list of (key, value), and
+values (or keys) framed for a Schema Registry with their schema's id."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
             column = pc.divide(column.cast(pa.timestamp("us")).cast(pa.int64()), pa.scalar(1000, pa.int64()))
         elif name == "headers" and pa.types.is_map(column.type):
             column = column.cast(HEADERS_TYPE)  # a map: its entries in order, string values as their UTF-8
+        for framed, prefix in plan.frames:
+            if framed == name:  # Confluent's wire format: the registry's schema id before the Avro binary
+                column = pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), column,
+                                                     pa.scalar(b"", pa.binary()))
         arrays.append(column)
         names.append(name)
     return pa.RecordBatch.from_arrays(arrays, names=names)

@@ -1,5 +1,7 @@
 """Option parsing: Java-client names are translated, guarantee-breaking settings refused, secrets hidden."""
 
+from dataclasses import replace
+
 import pytest
 
 from recoverable_sink.errors import OptionError
@@ -148,3 +150,23 @@ def test_exactly_once_fits_the_delivery_timeout_to_a_shorter_transaction_timeout
     with pytest.raises(OptionError, match=r"kafka\.delivery\.timeout\.ms=120000 exceeds "
                                           r"kafka\.transaction\.timeout\.ms=60000.*at most 60000"):
         parse_options({**base, "kafka.transaction.timeout.ms": "60000", "kafka.delivery.timeout.ms": "120000"})
+
+
+REGISTRY_SCHEMA = '{"type": "record", "name": "Order", "namespace": "shop", "fields": []}'
+
+
+def test_schema_registry_options_are_checked_on_the_driver_and_the_credentials_kept_secret():
+    base = {**BASE, "value.schema.registry.url": "http://r:8081"}
+    with pytest.raises(OptionError, match="needs value.avro.schema"):
+        parse_options(base)
+    with pytest.raises(OptionError, match="one of TopicNameStrategy"):
+        parse_options({**base, "value.avro.schema": REGISTRY_SCHEMA, "value.subject.name.strategy": "Nope"})
+    with pytest.raises(OptionError, match="apply only with key.schema.registry.url"):
+        parse_options({**base, "value.avro.schema": REGISTRY_SCHEMA, "key.subject": "k"})
+    options = parse_options({**base, "value.avro.schema": REGISTRY_SCHEMA, "value.subject.name.strategy":
+                             "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy",
+                             "value.schema.registry.basic.auth.user.info": "me:s3cret"})
+    assert options.registry[0].subject_for("t") == "t-shop.Order"
+    assert "s3cret" not in repr(options) and options.scrub("auth me:s3cret") == "auth ***"
+    with pytest.raises(OptionError, match="has no topic"):
+        replace(options.registry[0], strategy="TopicNameStrategy").subject_for(None)

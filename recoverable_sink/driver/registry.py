@@ -1,0 +1,102 @@
+"""Schema Registry framing on the driver: each framed field's Avro schema is registered (or found, if the subject
+already holds it) once per write, before any task runs, and its id goes to every task in the schema plan. A schema
+the registry refuses, or a registry that does not answer, fails the write here, not in every task."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import replace
+
+from pyspark.sql.types import BinaryType, StructType
+
+from recoverable_sink._logging import get_logger
+from recoverable_sink.columns import SchemaPlan
+from recoverable_sink.errors import OptionError, SchemaError
+from recoverable_sink.options import RegistryFraming, SinkOptions
+
+log = get_logger("schema")
+
+MAGIC = b"\x00"
+
+
+def frame_with_registry(options: SinkOptions, plan: SchemaPlan, schema: StructType) -> SchemaPlan:
+    """The plan with each framed field's prefix (magic byte 0, then the schema id in 4 big-endian bytes)."""
+    if not options.registry:
+        return plan
+    frames = []
+    for framing in options.registry:
+        _check_column(framing, schema)
+        subject = framing.subject_for(options.topic)
+        schema_id = register(framing, subject, options.preflight_timeout_s, options)
+        log.info("%s records framed for the Schema Registry: subject %s, schema id %d", framing.field, subject,
+                 schema_id)
+        frames.append((framing.field, MAGIC + schema_id.to_bytes(4, "big")))
+    return replace(plan, frames=tuple(frames))
+
+
+def _check_column(framing: RegistryFraming, schema: StructType) -> None:
+    names = {f.name: f.dataType for f in schema.fields}
+    if framing.field not in names:
+        raise SchemaError(f"option {framing.field}.schema.registry.url is set but the DataFrame has no "
+                          f"{framing.field} column; add one (to_avro(...).alias('{framing.field}')), or remove the "
+                          "option")
+    dtype = names[framing.field]
+    if not isinstance(dtype, BinaryType):
+        raise SchemaError(f"column {framing.field} has type {dtype.simpleString()}; with "
+                          f"{framing.field}.schema.registry.url the sink frames Avro binary: build the column with "
+                          f"to_avro(struct(...), {framing.field}_avro_schema) from pyspark.sql.avro.functions and "
+                          f"pass the same schema as {framing.field}.avro.schema")
+
+
+def register(framing: RegistryFraming, subject: str, timeout_s: float, options: SinkOptions) -> int:
+    """The id of ``framing``'s schema under ``subject``: registered as a new version unless the subject already
+    holds it (the registry answers with the existing id then)."""
+    url = f"{framing.url}/subjects/{urllib.parse.quote(subject, safe='')}/versions"
+    body = json.dumps({"schema": framing.avro_schema}).encode()
+    request = urllib.request.Request(url, data=body, method="POST",
+                                     headers={"Content-Type": "application/vnd.schemaregistry.v1+json",
+                                              "Accept": "application/vnd.schemaregistry.v1+json, application/json"})
+    if framing.user_info:
+        request.add_header("Authorization", "Basic " + base64.b64encode(framing.user_info.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=max(1.0, timeout_s)) as response:
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        reason = _reason(exc)
+        if exc.code == 409:
+            raise SchemaError(f"the Schema Registry at {framing.url} refused {framing.field}.avro.schema for subject "
+                              f"{subject} as incompatible with the versions it holds: {reason}. Make the schema "
+                              "compatible (or change the subject's compatibility), then write again") from None
+        if exc.code == 422:
+            raise SchemaError(f"the Schema Registry at {framing.url} refused {framing.field}.avro.schema for subject "
+                              f"{subject} as invalid: {reason}") from None
+        if exc.code in (401, 403):
+            raise OptionError(f"the Schema Registry at {framing.url} refused the credentials for subject {subject} "
+                              f"(HTTP {exc.code}: {reason}); check "
+                              f"{framing.field}.schema.registry.basic.auth.user.info") from None
+        raise OptionError(options.scrub(f"the Schema Registry at {framing.url} answered HTTP {exc.code} registering "
+                                        f"subject {subject}: {reason}")) from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise OptionError(options.scrub(
+            f"the Schema Registry at {framing.url} ({framing.field}.schema.registry.url) did not answer within "
+            f"{timeout_s:g} s (preflight.timeoutMs): {getattr(exc, 'reason', exc)}; check the URL and that the "
+            "registry runs")) from None
+    schema_id = answer.get("id") if isinstance(answer, dict) else None
+    if not isinstance(schema_id, int) or not 0 <= schema_id < 2**31:
+        raise OptionError(f"the Schema Registry at {framing.url} answered {answer!r} registering subject {subject}, "
+                          "with no schema id")
+    return schema_id
+
+
+def _reason(exc: urllib.error.HTTPError) -> str:
+    try:
+        body = json.loads(exc.read())
+    except (ValueError, OSError):
+        return exc.reason if isinstance(exc.reason, str) else str(exc)
+    if isinstance(body, dict):
+        return str(body.get("message") or body.get("detail") or body)
+    return str(body)
