@@ -21,6 +21,8 @@ class SchemaPlan:
     topic_option: str | None
     # Schema Registry framing: (column, the 5 bytes each of its non-null values starts with: magic 0, schema id).
     frames: tuple[tuple[str, bytes], ...] = ()
+    # Struct columns the sink encodes as Avro binary itself: (column, the record schema as JSON).
+    encodings: tuple[tuple[str, str], ...] = ()
 
     @property
     def topic_from_column(self) -> bool:

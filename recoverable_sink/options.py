@@ -129,27 +129,27 @@ class RegistryFraming:
 
     field: str  # "key" or "value"
     url: str  # the registry's base URL
-    avro_schema: str  # the Avro schema (JSON) the column's bytes were written with
+    avro_schema: str | None  # the Avro schema (JSON) of to_avro's bytes; None: derived from a struct column
     subject: str | None  # None: named by the strategy
     strategy: str  # one of SUBJECT_STRATEGIES
     user_info: str | None = dataclass_field(default=None, repr=False)  # "user:password" for basic auth: a secret
 
-    def subject_for(self, topic: str | None) -> str:
-        """The subject the schema is registered under (Confluent's subject name strategies)."""
+    def subject_for(self, topic: str | None, avro_schema: str) -> str:
+        """The subject ``avro_schema`` is registered under (Confluent's subject name strategies)."""
         if self.subject:
             return self.subject
         if self.strategy == "RecordNameStrategy":
-            return self.record_name()
+            return self.record_name(avro_schema)
         if topic is None:
             raise OptionError(f"option {self.field}.schema.registry.url: the records name their topic in a column, so "
                               f"{self.strategy} has no topic to name the subject by; set {self.field}.subject, or "
                               f"{self.field}.subject.name.strategy=RecordNameStrategy")
         if self.strategy == "TopicRecordNameStrategy":
-            return f"{topic}-{self.record_name()}"
+            return f"{topic}-{self.record_name(avro_schema)}"
         return f"{topic}-{self.field}"
 
-    def record_name(self) -> str:
-        schema = json.loads(self.avro_schema)
+    def record_name(self, avro_schema: str) -> str:
+        schema = json.loads(avro_schema)
         if not isinstance(schema, dict) or schema.get("type") != "record" or not schema.get("name"):
             raise OptionError(f"option {self.field}.subject.name.strategy={self.strategy} names the subject by the "
                               f"record's name, and {self.field}.avro.schema is not a named record; set "
@@ -362,11 +362,9 @@ def _registry(lowered: Mapping[str, str], field: str) -> RegistryFraming | None:
         raise OptionError(f"option {field}.schema.registry.url={url!r} is not an http(s) URL of a Schema Registry "
                           "(e.g. http://registry:8081)")
     schema = given["avro.schema"]
-    if not schema:
-        raise OptionError(f"option {field}.schema.registry.url needs {field}.avro.schema: the Avro schema (JSON) the "
-                          f"{field} column was written with, the one passed to to_avro({field}_struct, schema)")
     try:
-        json.loads(schema)
+        if schema is not None:
+            json.loads(schema)
     except ValueError as exc:
         raise OptionError(f"option {field}.avro.schema is not JSON ({exc}); give the Avro schema as to_avro() "
                           "takes it") from None
@@ -377,8 +375,8 @@ def _registry(lowered: Mapping[str, str], field: str) -> RegistryFraming | None:
                           f"{', '.join(SUBJECT_STRATEGIES)}")
     framing = RegistryFraming(field=field, url=url.rstrip("/"), avro_schema=schema, subject=given["subject"],
                               strategy=matched[0], user_info=given["schema.registry.basic.auth.user.info"])
-    if matched[0] != "TopicNameStrategy" and not framing.subject:
-        framing.record_name()  # a schema without a record name is named now, not at the first task
+    if matched[0] != "TopicNameStrategy" and not framing.subject and schema is not None:
+        framing.record_name(schema)  # a schema without a record name is refused now
     return framing
 
 

@@ -15,6 +15,7 @@ from pyspark.sql.types import BinaryType, StructType
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
+from recoverable_sink.driver.avro_schema import avro_schema_for
 from recoverable_sink.errors import OptionError, SchemaError
 from recoverable_sink.options import RegistryFraming, SinkOptions
 
@@ -27,36 +28,46 @@ def frame_with_registry(options: SinkOptions, plan: SchemaPlan, schema: StructTy
     """The plan with each framed field's prefix (magic byte 0, then the schema id in 4 big-endian bytes)."""
     if not options.registry:
         return plan
-    frames = []
+    frames, encodings = [], []
     for framing in options.registry:
-        _check_column(framing, schema)
-        subject = framing.subject_for(options.topic)
-        schema_id = register(framing, subject, options.preflight_timeout_s, options)
-        log.info("%s records framed for the Schema Registry: subject %s, schema id %d", framing.field, subject,
-                 schema_id)
+        avro_schema, encode = _avro_schema(framing, schema)
+        subject = framing.subject_for(options.topic, avro_schema)
+        schema_id = register(framing, avro_schema, subject, options.preflight_timeout_s, options)
+        log.info("%s records framed for the Schema Registry%s: subject %s, schema id %d", framing.field,
+                 ", encoded as Avro by the sink" if encode else "", subject, schema_id)
         frames.append((framing.field, MAGIC + schema_id.to_bytes(4, "big")))
-    return replace(plan, frames=tuple(frames))
+        if encode:
+            encodings.append((framing.field, avro_schema))
+    return replace(plan, frames=tuple(frames), encodings=tuple(encodings))
 
 
-def _check_column(framing: RegistryFraming, schema: StructType) -> None:
+def _avro_schema(framing: RegistryFraming, schema: StructType) -> tuple[str, bool]:
+    """The field's Avro schema (JSON), and whether the sink encodes the column itself: a struct column, by the
+    schema derived from its Spark type unless one is given; a binary column holds to_avro's bytes already."""
     names = {f.name: f.dataType for f in schema.fields}
     if framing.field not in names:
         raise SchemaError(f"option {framing.field}.schema.registry.url is set but the DataFrame has no "
-                          f"{framing.field} column; add one (to_avro(...).alias('{framing.field}')), or remove the "
-                          "option")
+                          f"{framing.field} column; add one (a struct, or to_avro(...).alias('{framing.field}')), "
+                          "or remove the option")
     dtype = names[framing.field]
-    if not isinstance(dtype, BinaryType):
-        raise SchemaError(f"column {framing.field} has type {dtype.simpleString()}; with "
-                          f"{framing.field}.schema.registry.url the sink frames Avro binary: build the column with "
-                          f"to_avro(struct(...), {framing.field}_avro_schema) from pyspark.sql.avro.functions and "
-                          f"pass the same schema as {framing.field}.avro.schema")
+    if isinstance(dtype, StructType):
+        return framing.avro_schema or json.dumps(avro_schema_for(framing.field, dtype)), True
+    if isinstance(dtype, BinaryType):
+        if framing.avro_schema is None:
+            raise SchemaError(f"column {framing.field} is binary, which the sink takes as to_avro's output: set "
+                              f"{framing.field}.avro.schema to the schema (JSON) given to to_avro, or pass the "
+                              "struct itself and let the sink encode it")
+        return framing.avro_schema, False
+    raise SchemaError(f"column {framing.field} has type {dtype.simpleString()}; with "
+                      f"{framing.field}.schema.registry.url the sink takes a struct (encoded as Avro by the sink) "
+                      f"or Avro binary from to_avro(struct(...), schema) with {framing.field}.avro.schema")
 
 
-def register(framing: RegistryFraming, subject: str, timeout_s: float, options: SinkOptions) -> int:
-    """The id of ``framing``'s schema under ``subject``: registered as a new version unless the subject already
-    holds it (the registry answers with the existing id then)."""
+def register(framing: RegistryFraming, avro_schema: str, subject: str, timeout_s: float, options: SinkOptions) -> int:
+    """The id of ``avro_schema`` under ``subject``: registered as a new version unless the subject already holds
+    it (the registry answers with the existing id then)."""
     url = f"{framing.url}/subjects/{urllib.parse.quote(subject, safe='')}/versions"
-    body = json.dumps({"schema": framing.avro_schema}).encode()
+    body = json.dumps({"schema": avro_schema}).encode()
     request = urllib.request.Request(url, data=body, method="POST",
                                      headers={"Content-Type": "application/vnd.schemaregistry.v1+json",
                                               "Accept": "application/vnd.schemaregistry.v1+json, application/json"})

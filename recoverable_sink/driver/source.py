@@ -56,7 +56,8 @@ class RecoverableKafkaDataSource(DataSource):
     def _writer_args(self, schema: StructType) -> WriterArgs:
         """Options, schema plan and cluster id, all checked on the driver before any task runs."""
         options = parse_options(self.options)
-        plan = frame_with_registry(options, plan_schema(schema, options.topic), schema)
+        encoded = frozenset(r.field for r in options.registry)
+        plan = frame_with_registry(options, plan_schema(schema, options.topic, encoded), schema)
         questions = TopicQuestions.ask(options)  # answered while check_cluster waits for the brokers' metadata
         cluster_id = check_cluster(options, questions)
         options = fit_topic_limit(options, questions)

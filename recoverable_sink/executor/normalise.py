@@ -4,10 +4,15 @@ values (or keys) framed for a Schema Registry with their schema's id."""
 
 from __future__ import annotations
 
+import json
+from functools import lru_cache
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from recoverable_sink.columns import HEADERS_TYPE, SchemaPlan
+from recoverable_sink.executor.avro_encode import encode_column
 
 
 def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
@@ -24,6 +29,9 @@ def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
             column = pc.divide(column.cast(pa.timestamp("us")).cast(pa.int64()), pa.scalar(1000, pa.int64()))
         elif name == "headers" and pa.types.is_map(column.type):
             column = column.cast(HEADERS_TYPE)  # a map: its entries in order, string values as their UTF-8
+        for encoded, schema in plan.encodings:
+            if encoded == name:
+                column = encode_column(column, _schema(schema))
         for framed, prefix in plan.frames:
             if framed == name:  # Confluent's wire format: the registry's schema id before the Avro binary
                 column = pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), column,
@@ -31,3 +39,8 @@ def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
         arrays.append(column)
         names.append(name)
     return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+@lru_cache(maxsize=8)
+def _schema(text: str) -> Any:
+    return json.loads(text)

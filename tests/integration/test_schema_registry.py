@@ -80,6 +80,24 @@ def test_avro_values_are_framed_with_the_registered_schema_id_and_read_back_by_a
         (i, i, f"item-{i}") for i in range(rows)]
 
 
+def test_a_struct_value_is_encoded_by_the_sink_under_the_schema_it_derives_and_registers(spark, kafka, new_topic,
+                                                                                        tmp_path, registry):
+    topic, rows = new_topic(partitions=2), 2000
+    df = spark.range(rows, numPartitions=2).select(
+        F.col("id").cast("string").alias("key"),
+        F.struct(F.col("id"), F.concat(F.lit("item-"), F.col("id")).alias("item"),
+                 F.when(F.col("id") % 3 == 0, F.lit(None)).otherwise(F.col("id") / 2).alias("half")).alias("value"))
+    sink_writer(df, kafka.bootstrap_servers, topic, tmp_path / "wal", **{
+        "delivery.guarantee": "exactly_once", "value.schema.registry.url": registry.url}).save()
+    registered = json.loads(registry.request("GET", f"/subjects/{topic}-value/versions/latest")["schema"])
+    assert registered["name"] == "topLevelRecord"
+    assert [(f["name"], f["type"]) for f in registered["fields"]] == [
+        ("id", "long"), ("item", "string"), ("half", ["double", "null"])]
+    got = read_back(kafka.bootstrap_servers, topic, registry, rows)
+    assert sorted((int(k), v["id"], v["item"], v["half"]) for k, _, v in got) == [
+        (i, i, f"item-{i}", None if i % 3 == 0 else i / 2) for i in range(rows)]
+
+
 def test_a_schema_the_registry_refuses_fails_on_the_driver_naming_the_subject(spark, kafka, new_topic, tmp_path,
                                                                               registry):
     topic = new_topic()

@@ -157,8 +157,10 @@ REGISTRY_SCHEMA = '{"type": "record", "name": "Order", "namespace": "shop", "fie
 
 def test_schema_registry_options_are_checked_on_the_driver_and_the_credentials_kept_secret():
     base = {**BASE, "value.schema.registry.url": "http://r:8081"}
-    with pytest.raises(OptionError, match="needs value.avro.schema"):
-        parse_options(base)
+    with pytest.raises(OptionError, match="not an http"):
+        parse_options({**base, "value.schema.registry.url": "registry:8081"})
+    with pytest.raises(OptionError, match="value.avro.schema is not JSON"):
+        parse_options({**base, "value.avro.schema": "{record"})
     with pytest.raises(OptionError, match="one of TopicNameStrategy"):
         parse_options({**base, "value.avro.schema": REGISTRY_SCHEMA, "value.subject.name.strategy": "Nope"})
     with pytest.raises(OptionError, match="apply only with key.schema.registry.url"):
@@ -166,7 +168,7 @@ def test_schema_registry_options_are_checked_on_the_driver_and_the_credentials_k
     options = parse_options({**base, "value.avro.schema": REGISTRY_SCHEMA, "value.subject.name.strategy":
                              "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy",
                              "value.schema.registry.basic.auth.user.info": "me:s3cret"})
-    assert options.registry[0].subject_for("t") == "t-shop.Order"
+    assert options.registry[0].subject_for("t", REGISTRY_SCHEMA) == "t-shop.Order"
     assert "s3cret" not in repr(options) and options.scrub("auth me:s3cret") == "auth ***"
     with pytest.raises(OptionError, match="has no topic"):
-        replace(options.registry[0], strategy="TopicNameStrategy").subject_for(None)
+        replace(options.registry[0], strategy="TopicNameStrategy").subject_for(None, REGISTRY_SCHEMA)
