@@ -17,7 +17,8 @@ cache, JIT, broker log segments) hits every case alike; the median of the write 
 Every run writes to a fresh topic whose record count is checked, then deleted. Then the cost of a retry, and
 the Python worker's peak memory writing one partition of 1x and 4x the usual partition size, and the fixed cost of
 a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch), and rate-limited
-writes against the time their limits imply (bench.rate).
+writes against the time their limits imply (bench.rate), and Schema Registry framing against plain Avro bytes
+(bench.registry).
 
     make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3 BENCH_JVM_WARMUP_WRITES=2
                                                       # BENCH_JVM_WARMUP_MAX=8
@@ -338,6 +339,11 @@ def main() -> int:
             from bench import rate as rate_limit
 
             rate = rate_limit.measure(b)
+        registry: dict[str, Any] = {}
+        if not ONLY:
+            from bench import registry as schema_registry
+
+            registry = schema_registry.measure(b)
         for e in results:
             b.errors.extend(e["errors"])
         report = {
@@ -353,6 +359,7 @@ def main() -> int:
                     "sink that only counts its Arrow batches (bench.floor).",
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
             "memory_by_partition_size": memory, "fixed_cost": fixed, "rate_limit": rate,
+            "schema_registry": registry,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
             "wall_minutes": round((time.monotonic() - started) / 60, 1),
         }
