@@ -69,6 +69,14 @@ def test_file_stream_writes_every_record_once(spark, kafka, new_topic, tmp_path)
     batches = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
     assert [b["batch_id"] for b in batches] == [0, 1]
     assert all(b["event"] == "commit" and b["acknowledged"] == 5000 for b in batches)
+    # Each micro-batch says where its records went: the two batches' offsets follow each other per partition.
+    for b in batches:
+        assert b["offsets_complete"] and sum(o["records"] for o in b["offsets"]) == 5000
+    for first, second in zip(*(sorted(b["offsets"], key=lambda o: o["partition"]) for b in batches), strict=False):
+        assert first["partition"] == second["partition"] and second["first"] > first["last"]
+    from recoverable_sink import last_write
+
+    assert last_write(spark)["batch_id"] == 1
     # Proof of delivery of the last batch stays until a later batch runs: digests only, no payload.
     wal = open_wal(str(tmp_path / "wal"))
     assert {a.batch_id for a in wal.attempts()} == {1}
