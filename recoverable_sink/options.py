@@ -89,7 +89,7 @@ _LIBRDKAFKA_SENSITIVE = frozenset({
     "sasl.oauthbearer.assertion.private.key.pem",
 })
 _SENSITIVE_LOOKING = re.compile(r"password|secret|jaas|token|credential|passphrase|\.pem$|ssl\.key\.|"
-                                r"oauthbearer\.(config|extensions)", re.IGNORECASE)
+                                r"oauthbearer\.(config|extensions)|basic\.auth\.user\.info", re.IGNORECASE)
 
 _SINK_OPTIONS = {
     "topic",
@@ -358,7 +358,10 @@ def _registry(lowered: Mapping[str, str], field: str) -> RegistryFraming | None:
             raise OptionError(f"option(s) {', '.join(stray)} apply only with {field}.schema.registry.url; set it, "
                               "or remove them")
         return None
-    if not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
+    if not re.fullmatch(r"https?://[^\s/@]+(/\S*)?", url):
+        if re.match(r"https?://[^\s/]*@", url):  # said without the URL: it holds credentials
+            raise OptionError(f"option {field}.schema.registry.url holds credentials (user:password@); give them "
+                              f"as {field}.schema.registry.basic.auth.user.info, which is kept secret")
         raise OptionError(f"option {field}.schema.registry.url={url!r} is not an http(s) URL of a Schema Registry "
                           "(e.g. http://registry:8081)")
     schema = given["avro.schema"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,14 @@ def remember(record: dict[str, Any]) -> None:
         return
     path = _path(jvm)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        folder = os.path.dirname(path)
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            # In the shared temporary directory: one that another user made, or anyone may write, is not ours.
+            log.warning("not keeping the write's summary for last_write(): %s is not a directory of this user's "
+                        "alone", folder)
+            return
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".last-")
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             json.dump(record, out)

@@ -15,7 +15,7 @@ from pyspark.sql.types import BinaryType, StructType
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
-from recoverable_sink.driver.avro_schema import avro_schema_for
+from recoverable_sink.driver.avro_schema import avro_schema_for, check_given
 from recoverable_sink.errors import OptionError, SchemaError
 from recoverable_sink.options import RegistryFraming, SinkOptions
 
@@ -51,7 +51,16 @@ def _avro_schema(framing: RegistryFraming, schema: StructType) -> tuple[str, boo
                           "or remove the option")
     dtype = names[framing.field]
     if isinstance(dtype, StructType):
-        return framing.avro_schema or json.dumps(avro_schema_for(framing.field, dtype)), True
+        derived = avro_schema_for(framing.field, dtype)
+        if framing.avro_schema is not None:
+            check_given(framing.field, json.loads(framing.avro_schema), derived)
+            return framing.avro_schema, True
+        if framing.strategy != "TopicNameStrategy" and not framing.subject:
+            raise SchemaError(f"{framing.field}.subject.name.strategy={framing.strategy} names the subject by the "
+                              f"record's name, and the record derived from column {framing.field} is Spark's "
+                              f"'{derived['name']}' (every derived record is): set {framing.field}.subject, or give "
+                              f"{framing.field}.avro.schema with a record name of yours")
+        return json.dumps(derived), True
     if isinstance(dtype, BinaryType):
         if framing.avro_schema is None:
             raise SchemaError(f"column {framing.field} is binary, which the sink takes as to_avro's output: set "
@@ -78,24 +87,31 @@ def register(framing: RegistryFraming, avro_schema: str, subject: str, timeout_s
             answer = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         reason = _reason(exc)
+        which = f"{framing.field}.avro.schema" if framing.avro_schema is not None else \
+            f"the schema derived from column {framing.field}"
         if exc.code == 409:
-            raise SchemaError(f"the Schema Registry at {framing.url} refused {framing.field}.avro.schema for subject "
-                              f"{subject} as incompatible with the versions it holds: {reason}. Make the schema "
-                              "compatible (or change the subject's compatibility), then write again") from None
+            raise SchemaError(f"the Schema Registry at {framing.url} refused {which} for subject {subject} as "
+                              f"incompatible with the versions it holds: {reason}. Make the schema compatible (or "
+                              "change the subject's compatibility), then write again") from None
         if exc.code == 422:
-            raise SchemaError(f"the Schema Registry at {framing.url} refused {framing.field}.avro.schema for subject "
-                              f"{subject} as invalid: {reason}") from None
+            hint = "" if framing.avro_schema is not None else \
+                " (a derived record takes the column's field names, which Avro allows only as [A-Za-z_][A-Za-z0-9_]*)"
+            raise SchemaError(f"the Schema Registry at {framing.url} refused {which} for subject {subject} as "
+                              f"invalid: {reason}{hint}") from None
         if exc.code in (401, 403):
-            raise OptionError(f"the Schema Registry at {framing.url} refused the credentials for subject {subject} "
-                              f"(HTTP {exc.code}: {reason}); check "
-                              f"{framing.field}.schema.registry.basic.auth.user.info") from None
+            check = f"check {framing.field}.schema.registry.basic.auth.user.info" if framing.user_info else \
+                f"set {framing.field}.schema.registry.basic.auth.user.info to user:password"
+            raise OptionError(f"the Schema Registry at {framing.url} refused access to subject {subject} "
+                              f"(HTTP {exc.code}: {reason}); {check}") from None
         raise OptionError(options.scrub(f"the Schema Registry at {framing.url} answered HTTP {exc.code} registering "
                                         f"subject {subject}: {reason}")) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
+        cause = getattr(exc, "reason", exc)
+        what = f"did not answer within {timeout_s:g} s (preflight.timeoutMs)" if isinstance(cause, TimeoutError) \
+            else f"could not be reached ({cause})"
         raise OptionError(options.scrub(
-            f"the Schema Registry at {framing.url} ({framing.field}.schema.registry.url) did not answer within "
-            f"{timeout_s:g} s (preflight.timeoutMs): {getattr(exc, 'reason', exc)}; check the URL and that the "
-            "registry runs")) from None
+            f"the Schema Registry at {framing.url} ({framing.field}.schema.registry.url) {what}; check the URL and "
+            "that the registry runs")) from None
     schema_id = answer.get("id") if isinstance(answer, dict) else None
     if not isinstance(schema_id, int) or not 0 <= schema_id < 2**31:
         raise OptionError(f"the Schema Registry at {framing.url} answered {answer!r} registering subject {subject}, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _EMPTY = pa.scalar(b"", pa.binary())
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _NULL_INDEX = {0: b"\x00", 1: b"\x02"}  # a union branch index as a zigzag varint
 
 
@@ -133,8 +135,8 @@ def _encode_value(value: Any, schema: Any) -> bytes:
         body = b"".join(_encode_value(k, "string") + _encode_value(v, schema["values"]) for k, v in entries)
         return (_long(len(entries)) + body if entries else b"") + b"\x00"
     if kind in ("int", "long"):
-        if isinstance(value, datetime.datetime):  # timestamp-micros
-            epoch = datetime.datetime(1970, 1, 1, tzinfo=value.tzinfo)
+        if isinstance(value, datetime.datetime):  # timestamp-micros: from the UTC epoch, whatever the session zone
+            epoch = _EPOCH_UTC if value.tzinfo is not None else _EPOCH_UTC.replace(tzinfo=None)
             value = (value - epoch) // datetime.timedelta(microseconds=1)
         elif isinstance(value, datetime.date):  # date: days since the epoch
             value = value.toordinal() - 719163
@@ -149,6 +151,14 @@ def _encode_value(value: Any, schema: Any) -> bytes:
         data = value.encode() if isinstance(value, str) else bytes(value)
         return _long(len(data)) + data
     if kind == "fixed":  # a decimal: the unscaled value, big-endian two's complement, in the fixed size
-        unscaled = int(value.scaleb(schema["scale"]))
-        return unscaled.to_bytes(schema["size"], "big", signed=True)
+        return _unscaled(value, schema["scale"]).to_bytes(schema["size"], "big", signed=True)
     raise ValueError(f"Avro type {kind!r} is not encoded by the sink")
+
+
+def _unscaled(value: Decimal, scale: int) -> int:
+    """A decimal's digits as an integer at ``scale``, exactly (Decimal arithmetic would round past 28 digits)."""
+    sign, digits, exponent = value.as_tuple()
+    n = int("".join(map(str, digits)) or "0")
+    shift = int(exponent) + scale
+    n = n * 10**shift if shift >= 0 else n // 10**-shift
+    return -n if sign else n

@@ -20,7 +20,7 @@ from recoverable_sink.contract import SinkCommitMessage
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError, RerunRefusedError
 from recoverable_sink.executor.attempt_log import attempt_name
 from recoverable_sink.executor.normalise import normalise
-from recoverable_sink.executor.rerun import run_of
+from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns, run_of
 from recoverable_sink.executor.writer import AtLeastOnceWriter, Phase, final_wait_s
 from recoverable_sink.identity import record_digests
 from recoverable_sink.producer.marker import Marker
@@ -58,9 +58,8 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         marker = self.found
         if marker is None:
             committed = self._earlier_committed(None)
-            self._refuse_trimmed([a for a in committed if a.trimmed and a.partition == self.ident.partition])
             if committed:
-                self.earlier = self.log.earlier_runs(self.ident, committed, all_acknowledged=True)
+                self.earlier = self._earlier_runs(committed)
                 log.info("%s: a re-run of write %s: %d records that earlier runs committed on this host, in any "
                          "partition, are not sent again", self.where, self.ident.write_id, self.earlier.records)
             return Phase.WRITING
@@ -84,7 +83,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             # again under the same claims; the rest of what the marker names is this run's own.
             ours = {a.key for a in earlier}
             delivered = self.log.delivered([a for a in committed if a.key not in ours], all_acknowledged=True)
-            self.earlier = self.log.earlier_runs(self.ident, earlier, all_acknowledged=True)
+            self.earlier = self._earlier_runs(earlier)
         self.delivered = delivered
         self.txn.begin()
         return Phase.WRITING
@@ -105,7 +104,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
                      "skipped if its input is the one committed (same fingerprint)", self.where, marker.run)
             return Phase.SKIPPING
         self.committed = own
-        self.earlier = self.log.earlier_runs(self.ident, committed, all_acknowledged=True)
+        self.earlier = self._earlier_runs(committed)
         log.info("%s: a re-run of write %s whose partition run %s committed: %d records that earlier runs committed "
                  "on this host, in any partition, are not sent again", self.where, self.ident.write_id, marker.run,
                  self.earlier.records)
@@ -245,22 +244,23 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             "committed, or where that WAL is; or under a new wal.writeId (Kafka then holds the committed records "
             "twice)")
 
-    def _refuse_trimmed(self, trimmed: list[AttemptInfo]) -> None:
-        """Without a marker, an earlier run's committed attempt of this partition whose digests went
-        (wal.proofMaxBytes) leaves nothing to tell what it committed: refuse before anything is sent."""
-        if not trimmed:
-            return
-        first = trimmed[0]
-        done = time.strftime("%Y-%m-%d %H:%M", time.gmtime(first.done_at or first.created))
-        raise RerunRefusedError(
-            f"{self.where}: an earlier run of write {self.ident.write_id} committed this partition (attempt "
-            f"{attempt_name(first.key)}, done {done} UTC), but the "
-            f"brokers no longer hold its commit marker (offsets.retention.minutes) and this host's WAL {self.log.path} "
-            "no longer holds its digests (they went to keep wal.proofMaxBytes), so what it committed cannot be told: "
-            "nothing of this partition was sent, since skipping it could lose records and re-sending it could "
-            "repeat them. If that run's records are in Kafka, there is nothing to re-run; otherwise re-run under a "
-            "new wal.writeId (records it committed are then written twice), and raise wal.proofMaxBytes or "
-            "offsets.retention.minutes to keep a longer history")
+    def _earlier_runs(self, committed: list[AttemptInfo]) -> EarlierRuns | NoEarlierRuns:
+        """What earlier runs committed, in any partition, from their digests on this host. One whose digests went
+        (wal.proofMaxBytes) leaves nothing to tell which records it committed, and a re-run may have split the rows
+        otherwise: refuse before anything is sent."""
+        trimmed = [a for a in committed if a.trimmed]
+        if trimmed:
+            first = trimmed[0]
+            done = time.strftime("%Y-%m-%d %H:%M", time.gmtime(first.done_at or first.created))
+            raise RerunRefusedError(
+                f"{self.where}: an earlier run of write {self.ident.write_id} committed partition {first.partition} "
+                f"(attempt {attempt_name(first.key)}, done {done} UTC; {len(trimmed)} such attempt(s)), but this "
+                f"host's WAL {self.log.path} no longer holds its digests (they went to keep wal.proofMaxBytes), so "
+                "which records it committed cannot be told: nothing of this partition was sent, since skipping them "
+                "could lose records and re-sending them could repeat them. If that run's records are in Kafka and "
+                "the rest was written, there is nothing to re-run; otherwise re-run under a new wal.writeId (records "
+                "it committed are then written twice), and raise wal.proofMaxBytes to keep a longer history")
+        return self.log.earlier_runs(self.ident, committed, all_acknowledged=True)
 
     def _waits_on_abort(self) -> bool:
         return False  # the transaction is aborted whatever was acknowledged

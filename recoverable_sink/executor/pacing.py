@@ -16,6 +16,8 @@ from recoverable_sink.options import SinkOptions
 # A paced batch is handed over in pieces of at most this many seconds' worth, so the records flow evenly
 # instead of a whole Arrow batch (10,000 records) at once and then a long pause.
 _PIECE_S = 0.1
+# A task slower than its limit for a while (its input stalled) may catch up by at most this many seconds' worth.
+_BURST_S = 1.0
 
 
 class Pacer(Protocol):
@@ -40,7 +42,8 @@ class Unpaced:
 
 class RatePacer:
     """At most ``records_per_s`` records and ``bytes_per_s`` bytes of keys, values and headers per second, counted
-    from the first hand-over: a piece waits until the records and bytes handed over before it are due."""
+    from the first hand-over: a piece waits until the records and bytes handed over before it are due. A task held
+    up by its input catches up by at most a second's worth at once."""
 
     def __init__(self, records_per_s: float | None, bytes_per_s: float | None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
@@ -74,6 +77,10 @@ class RatePacer:
             due = max(due, self._start + self.records / self.records_per_s)
         if self.bytes_per_s is not None:
             due = max(due, self._start + self.bytes / self.bytes_per_s)
+        if due < now - _BURST_S:
+            # Behind after an input stall: what was not sent then is not sent in a burst now.
+            self._start += now - _BURST_S - due
+            due = now - _BURST_S
         if due > now:
             self._sleep(due - now)
         self.records += batch.num_rows

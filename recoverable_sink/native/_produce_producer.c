@@ -13,6 +13,10 @@
 /* An acknowledged record's offset, into its topic-partition's entry (the last one used is tried first: a produce
  * response reports one partition's records together). Called with the lock held. */
 static void note_written(Producer *self, const rd_kafka_message_t *msg) {
+    if (msg->offset < 0) { /* acknowledged without an offset (RD_KAFKA_OFFSET_INVALID): the figures are partial */
+        self->written_lost = 1;
+        return;
+    }
     const char *topic = msg->rkt != NULL ? k_rd_kafka_topic_name(msg->rkt) : "";
     Written *w = NULL;
     if (self->written_last < self->written_count) {

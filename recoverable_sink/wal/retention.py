@@ -8,7 +8,7 @@ import time
 from typing import NamedTuple
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.wal.attempt import AttemptInfo
+from recoverable_sink.wal.attempt import DONE, AttemptInfo
 from recoverable_sink.wal.store import Wal
 
 log = get_logger("wal")
@@ -55,15 +55,16 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None, proof_max_byte
 
 
 def trim_proof(wal: Wal, max_bytes: int) -> int:
-    """Keep finished attempts' proof of delivery under ``max_bytes`` (``wal.proofMaxBytes``): past it, the proof of
-    the attempts that finished first goes (:meth:`Wal.trim_proof`), their records stay. Attempts that may still
-    run or hold records Kafka never acknowledged are neither trimmed nor counted. Returns attempts trimmed.
+    """Keep done attempts' proof of delivery under ``max_bytes`` (``wal.proofMaxBytes``): past it, the proof of the
+    attempts done first goes (:meth:`Wal.trim_proof`), their records stay. Failed or running attempts, and those
+    holding records Kafka never acknowledged, are neither trimmed nor counted. Returns attempts trimmed.
 
     A long ``wal.writeId`` history is what this bounds: its proof (16 bytes a record) would otherwise stay for
     ``wal.retentionHours``. A re-run of a trimmed write can no longer tell what it delivered: under at_least_once
     it sends those partitions again, under exactly_once it goes by the brokers' markers and refuses once they
     expired too."""
-    finished = [a for a in wal.attempts() if not a.trimmed and not a.may_be_running()]
+    # Done attempts only: a failed attempt's proof is what a re-run of its failed write skips by.
+    finished = [a for a in wal.attempts() if not a.trimmed and a.state == DONE]
     if not finished:
         return 0
     sizes = wal.proof_bytes([a.key for a in finished])

@@ -89,3 +89,37 @@ def test_a_null_struct_stays_null_a_tombstone_and_names_follow_spark():
 def test_a_type_without_an_avro_encoding_is_named_on_the_driver():
     with pytest.raises(SchemaError, match=r"column value\.m has type map<int,string>.*string keys"):
         avro_schema_for("value", StructType([StructField("m", MapType(IntegerType(), StringType()))]))
+
+
+def test_decimals_keep_all_38_digits_and_timestamps_count_from_the_utc_epoch_in_any_zone():
+    from zoneinfo import ZoneInfo
+
+    spark = StructType([StructField("big", DecimalType(38, 10), False),
+                        StructField("times", ArrayType(TimestampType(), False), False)])
+    arrow = pa.struct([pa.field("big", pa.decimal128(38, 10), False),
+                       pa.field("times", pa.list_(pa.field("item", pa.timestamp("us", tz="America/Los_Angeles"),
+                                                           False)), False)])
+    big = Decimal("1234567890123456789012345678.1234567890")
+    at = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    schema = avro_schema_for("value", spark)
+    [back] = decoded(encode_column(pa.array([{"big": big, "times": [at]}], arrow), schema), schema)
+    assert back["big"] == big
+    assert back["times"] == [at] and back["times"][0].astimezone(ZoneInfo("America/Los_Angeles")).hour == 16
+
+
+def test_a_given_schema_must_fit_the_struct_field_by_field():
+    from recoverable_sink.driver.avro_schema import check_given
+
+    spark = StructType([StructField("first", StringType(), False), StructField("last", StringType())])
+    derived = avro_schema_for("value", spark)
+    check_given("value", {"type": "record", "name": "Person", "namespace": "my", "fields": [
+        {"name": "first", "type": "string"}, {"name": "last", "type": ["null", "string"], "default": None}]}, derived)
+    with pytest.raises(SchemaError, match=r"value has the fields \['first', 'last'\] in this order"):
+        check_given("value", {"type": "record", "name": "P", "fields": [
+            {"name": "last", "type": ["string", "null"]}, {"name": "first", "type": "string"}]}, derived)
+    with pytest.raises(SchemaError, match="value.last may be null, so its type must be a union with null"):
+        check_given("value", {"type": "record", "name": "P", "fields": [
+            {"name": "first", "type": "string"}, {"name": "last", "type": "string"}]}, derived)
+    with pytest.raises(SchemaError, match="value.first is \"string\" by the column's type, \"long\" in the schema"):
+        check_given("value", {"type": "record", "name": "P", "fields": [
+            {"name": "first", "type": "long"}, {"name": "last", "type": ["string", "null"]}]}, derived)

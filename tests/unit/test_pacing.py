@@ -85,6 +85,16 @@ def test_a_task_slower_than_its_limit_never_waits():
     assert clock.slept == []
 
 
+def test_a_stalled_input_catches_up_by_a_second_s_worth_at_most():
+    clock = Clock()
+    pacer = RatePacer(1000, None, clock, clock.sleep)
+    send(pacer, clock, values(100))
+    clock.now += 30.0  # the input stalls for 30 s: 30,000 records of budget unused
+    before = clock.now
+    send(pacer, clock, values(3000))  # 30 pieces: a second's worth at once, then the limit's pace
+    assert clock.now == pytest.approx(before + 3.0 - 1.0 - 0.1)
+
+
 def test_unset_limits_leave_batches_whole_and_never_wait():
     pacer = pacer_for(parse_options(BASE))
     assert isinstance(pacer, Unpaced)
