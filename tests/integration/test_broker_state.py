@@ -105,6 +105,8 @@ def test_a_restart_or_rerun_after_the_brokers_expired_the_markers_sends_every_re
     with pytest.raises(Exception, match="upstream failure"):
         sink_writer(frame(fail_at=2 * rows // 4 + 4000), bootstrap, batch_topic, tmp_path / "batch-wal",
                     **options).save()
+    prefixes = [streams["exactly_once"][2], f"{write_id}-"]
+    assert all(consumer_groups(bootstrap, p) for p in prefixes)  # the markers are there...
     # The same failed write once more, whose committed partitions' proof will go to keep wal.proofMaxBytes.
     trimmed_id, trimmed_topic = f"trim-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
     fast_broker.create_topic(trimmed_topic, 4)
@@ -112,11 +114,12 @@ def test_a_restart_or_rerun_after_the_brokers_expired_the_markers_sends_every_re
     with pytest.raises(Exception, match="upstream failure"):
         sink_writer(frame(fail_at=2 * rows // 4 + 4000), bootstrap, trimmed_topic, tmp_path / "trim-wal",
                     **trimmed_options).save()
-    committed = ids_in_topic(bootstrap, trimmed_topic, expected=3 * rows // 4)
-    assert sum(committed.values()) == 3 * rows // 4
+    assert consumer_groups(bootstrap, f"{trimmed_id}-")
+    prefixes.append(f"{trimmed_id}-")
+    # The partitions that committed before Spark gave up on the failing one (it cancels those still running).
+    committed = ids_in_topic(bootstrap, trimmed_topic, expected=rows // 4)
+    assert sum(committed.values()) in (rows // 4, rows // 2, 3 * rows // 4)
 
-    prefixes = [streams["exactly_once"][2], f"{write_id}-", f"{trimmed_id}-"]
-    assert all(consumer_groups(bootstrap, p) for p in prefixes)  # the markers are there...
     wait_until(lambda: not any(consumer_groups(bootstrap, p) for p in prefixes), 300,
                "the brokers to expire the commit markers")  # ...and then gone, as after a week
 
@@ -127,12 +130,11 @@ def test_a_restart_or_rerun_after_the_brokers_expired_the_markers_sends_every_re
     trim_wal = open_wal(str(tmp_path / "trim-wal"))
     sweep(trim_wal, 3600, proof_max_bytes=1)
     done = [a for a in trim_wal.attempts() if a.state == DONE]
-    assert len(done) == 3 and all(a.trimmed for a in done)
+    assert len(done) == sum(committed.values()) // (rows // 4) and all(a.trimmed for a in done)
     with pytest.raises(Exception, match=r"wal\.proofMaxBytes"):
         sink_writer(frame(), bootstrap, trimmed_topic, tmp_path / "trim-wal", **trimmed_options).save()
-    # The partition that never committed may have been written meanwhile: once, as the others stay once.
-    after = ids_in_topic(bootstrap, trimmed_topic, expected=3 * rows // 4)
-    assert set(committed) <= set(after) and max(after.values()) == 1
+    # Every task of the re-run meets the trimmed attempts and refuses: nothing more is written.
+    assert ids_in_topic(bootstrap, trimmed_topic, expected=sum(committed.values())) == committed
     for mode, (d, topic, _, total, args) in streams.items():
         second = python_subprocess(args, d / "second.log")
         assert second.wait(300) == 0, (d / "second.log").read_text()[-3000:]
