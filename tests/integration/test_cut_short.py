@@ -5,6 +5,7 @@ the failing row is drawn at random (printed, so a failure can be replayed)."""
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 from pyspark import TaskContext
@@ -22,13 +23,26 @@ MODES = ["at_least_once", "exactly_once"]
 pytestmark = pytest.mark.usefixtures("small_batches")  # Arrow batches of 1,000 rows: a cut lands mid-way
 
 
-def _frame(spark, fail_at=None):
+def _frame(spark, fail_at=None, wal=None, write_id=None):
     df = spark.range(ROWS, numPartitions=1)
-    value = F.lit("v")
-    if fail_at is not None:  # evaluated in the JVM, upstream of the sink, in every attempt
-        value = F.when(F.col("id") == fail_at, F.raise_error(F.lit(f"upstream failure at row {fail_at}"))) \
-            .otherwise(value)
-    return df.select(F.col("id").cast("string").alias("key"), value.alias("value"))
+    key = F.col("id").cast("string")
+    if fail_at is None:
+        return df.select(key.alias("key"), F.lit("v").alias("value"))
+    wal_path = str(wal)
+
+    def upstream(k: str) -> str:
+        """Evaluated upstream of the sink, in every attempt; fails at ``fail_at`` once the sink's writer has begun
+        its attempt (on a loaded machine the task could otherwise fail before the sink's worker started)."""
+        if int(k) == fail_at:
+            from recoverable_sink.wal import open_wal
+
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not open_wal(wal_path).attempts(f"{write_id}/"):
+                time.sleep(0.05)
+            raise RuntimeError(f"upstream failure at row {fail_at}")
+        return "v"
+
+    return df.select(key.alias("key"), F.udf(upstream, StringType())(key).alias("value"))
 
 
 def _options(mode, write_id):
@@ -42,7 +56,8 @@ def test_a_partition_whose_input_the_jvm_cut_short_is_never_committed(spark, kaf
     topic, wal = new_topic(1), tmp_path / "wal"
     write_id = f"cut-{mode}-{fail_at}"
     with pytest.raises(Exception, match=f"upstream failure at row {fail_at}"):
-        sink_writer(_frame(spark, fail_at), kafka.bootstrap_servers, topic, wal, **_options(mode, write_id)).save()
+        sink_writer(_frame(spark, fail_at, wal, write_id), kafka.bootstrap_servers, topic, wal,
+                    **_options(mode, write_id)).save()
 
     seen = ids_in_topic(kafka.bootstrap_servers, topic, timeout_s=30)
     if mode == "exactly_once":
