@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pyspark.sql.datasource import WriterCommitMessage
 
 # Re-exported: run ids are part of what driver and tasks agree on; they live apart so the CLI needs no pyspark.
+from recoverable_sink.offsets import OffsetRange
 from recoverable_sink.runs import later_run as later_run
 from recoverable_sink.runs import new_run_id as new_run_id
 
@@ -67,7 +68,7 @@ class SinkCommitMessage(WriterCommitMessage):
     producer: str = ""  # "native" (the C produce loop) or "confluent" (confluent-kafka's produce() per record)
     # Where this attempt's acknowledged records went: (topic, partition, first offset, last offset, records), and
     # whether that covers the partition (not where records were skipped as delivered by an earlier attempt).
-    offsets: tuple[tuple[str, int, int, int, int], ...] = ()
+    offsets: tuple[OffsetRange, ...] = ()
     offsets_complete: bool = True
 
 

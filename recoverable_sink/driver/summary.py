@@ -12,6 +12,7 @@ from dataclasses import asdict
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage
 from recoverable_sink.driver.last_write import remember
+from recoverable_sink.offsets import WrittenOffsets
 
 log = get_logger("summary")
 
@@ -29,13 +30,12 @@ def summarize(messages: Sequence[object]) -> dict[str, object]:
     totals["unfinished"] = [i for i, m in enumerate(messages) if not isinstance(m, SinkCommitMessage)]
     totals["tasks"] = [asdict(m) for m in done]
     # Where the records went: per topic-partition, over the tasks, the first and last offset and the records.
-    written: dict[tuple[str, int], list[int]] = {}
+    written = WrittenOffsets()
     for m in done:
-        for topic, partition, first, last, count in m.offsets:
-            seen = written.setdefault((topic, partition), [first, last, 0])
-            seen[0], seen[1], seen[2] = min(seen[0], first), max(seen[1], last), seen[2] + count
+        for entry in m.offsets:
+            written.add(*entry)
     totals["offsets"] = [{"topic": t, "partition": p, "first": f, "last": last, "records": n}
-                         for (t, p), (f, last, n) in sorted(written.items())]
+                         for t, p, f, last, n in written.ranges()]
     # False where a task skipped records an earlier attempt had written (their offsets are not known) or failed.
     totals["offsets_complete"] = len(done) == len(messages) and all(m.offsets_complete for m in done)
     return totals

@@ -22,6 +22,7 @@ from typing import Protocol
 from confluent_kafka import KafkaError, Message
 
 from recoverable_sink.identity import AckBitmaps
+from recoverable_sink.offsets import OffsetRange, WrittenOffsets
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.producer.arguments import KafkaRecords
 from recoverable_sink.producer.failures import fatal_errors
@@ -105,7 +106,7 @@ class Ledger:
     _failed_rows: dict[int, list[int]] = field(default_factory=dict)  # native: by slot, the rows that failed
     _slots: int = 0
     # From success reports: per (topic, partition), the first and last offset acknowledged and how many records.
-    _written: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    _written: WrittenOffsets = field(default_factory=WrittenOffsets)
     _written_complete: bool = True
 
     # ---- what producers do ------------------------------------------------------------------------------
@@ -153,24 +154,17 @@ class Ledger:
         """The native producer's acknowledged offsets, folded per topic-partition in C: (topic, partition, first,
         last, records); ``complete`` False when C could not note some of them."""
         for topic, partition, first, last, count in entries:
-            self._fold(topic, partition, first, last, count)
+            self._written.add(topic, partition, first, last, count)
         self._written_complete = self._written_complete and complete
 
     def on_acknowledged(self, topic: str, partition: int, offset: int) -> None:
         """confluent-kafka's success report of one record."""
-        self._fold(topic, partition, offset, offset, 1)
+        self._written.add(topic, partition, offset, offset, 1)
 
-    def _fold(self, topic: str, partition: int, first: int, last: int, count: int) -> None:
-        seen = self._written.get((topic, partition))
-        if seen is None:
-            self._written[(topic, partition)] = [first, last, count]
-        else:
-            seen[0], seen[1], seen[2] = min(seen[0], first), max(seen[1], last), seen[2] + count
-
-    def written_offsets(self) -> tuple[tuple[tuple[str, int, int, int, int], ...], bool]:
+    def written_offsets(self) -> tuple[tuple[OffsetRange, ...], bool]:
         """What Kafka acknowledged to this attempt, per topic-partition: ((topic, partition, first offset, last
         offset, records), ...) sorted, and whether every acknowledged record is counted in it."""
-        entries = tuple(sorted((t, p, f, last, n) for (t, p), (f, last, n) in self._written.items()))
+        entries = self._written.ranges()
         return entries, self._written_complete and sum(e[4] for e in entries) == self.acked
 
     # ---- what the writer does ---------------------------------------------------------------------------
