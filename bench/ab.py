@@ -5,9 +5,10 @@
     AB_WARMUP_WRITES=2 .venv/bin/python -m bench.ab  # full-size untimed writes of every case first (default 1)
     AB_VARIANTS='{"wal_on": {}, "linger20": {"kafka.linger.ms": "20"}}' .venv/bin/python -m bench.ab
 
-Each variant is a set of sink options (``"_wal": "false"`` turns the WAL off); every repetition writes each case
-once, interleaved, to a fresh topic whose count is checked. To compare against another commit, install that
-commit's package into a directory and put it first on the path; Spark's Python workers inherit it:
+Each case's wall time and CPU per record (the driver, its JVM and the workers, the broker left out: bench.cpu)
+are printed. Each variant is a set of sink options (``"_wal": "false"`` turns the WAL off); every repetition
+writes each case once, interleaved, to a fresh topic whose count is checked. To compare against another commit,
+install that commit's package into a directory and put it first on the path; Spark's Python workers inherit it:
 
     git worktree add /tmp/base <commit> && .venv/bin/python -m pip install -q --no-deps --target /tmp/basepkg /tmp/base
     PYTHONPATH=/tmp/basepkg .venv/bin/python -m bench.ab
@@ -22,6 +23,7 @@ import json
 import os
 import statistics
 
+from bench.cpu import CpuMeter
 from bench.harness import Bench, frame, spark_session
 from testing.kafka_local import REPO, KafkaCluster
 
@@ -42,9 +44,11 @@ def main() -> None:
     KafkaCluster(root, 1).wipe()
     cluster = KafkaCluster(root, 1, broker_props={"log.segment.delete.delay.ms": "1000"})
     cluster.start()
+    # Joined after the broker started, so Spark's JVM and its workers are counted and the broker is not.
+    cpu = CpuMeter({p.pid for p in cluster.procs.values()})
     try:
         spark = spark_session()
-        b = Bench(spark, cluster)
+        b = Bench(spark, cluster, cpu=cpu)
         df = frame(spark, ROWS, VALUE_BYTES, HEADERS).cache()
         assert df.count() == ROWS
         small = frame(spark, WARMUP_ROWS, VALUE_BYTES, HEADERS)
@@ -59,20 +63,30 @@ def main() -> None:
             for name, write in writers.items():
                 b.timed(f"{name} full-size warm-up {n + 1}/{WARMUP_WRITES}", PARTITIONS, ROWS, write)
         runs: dict[str, list[float]] = {name: [] for name in writers}
+        cpus: dict[str, list[float]] = {name: [] for name in writers}
         for rep in range(REPS):
             for name, write in writers.items():
-                seconds = b.timed(f"{name} rep {rep + 1}/{REPS}", PARTITIONS, ROWS, write).seconds
-                if seconds is not None:
-                    runs[name].append(seconds)
+                run = b.timed(f"{name} rep {rep + 1}/{REPS}", PARTITIONS, ROWS, write)
+                if run.seconds is not None:
+                    runs[name].append(run.seconds)
+                if run.cpu_seconds is not None:
+                    cpus[name].append(run.cpu_seconds * 1e6 / ROWS)
         spark_s = statistics.median(runs["spark_kafka"])
+        spark_cpu = statistics.median(cpus["spark_kafka"]) if cpus["spark_kafka"] else None
         for name, seconds in runs.items():
             median = statistics.median(seconds)
-            print(f"{name}: median {median:.2f} s, {ROWS / median:,.0f} rows/s, {spark_s / median:.2f}x Spark's sink; "
-                  f"runs {', '.join(f'{s:.2f}' for s in seconds)}", flush=True)
+            line = (f"{name}: median {median:.2f} s, {ROWS / median:,.0f} rows/s, "
+                    f"{spark_s / median:.2f}x Spark's sink; runs {', '.join(f'{s:.2f}' for s in seconds)}")
+            if cpus[name] and spark_cpu:
+                cpu_median = statistics.median(cpus[name])
+                line += (f"; CPU {cpu_median:.2f} µs/record ({cpu.method}), {cpu_median / spark_cpu:.2f}x Spark's; "
+                         f"runs {', '.join(f'{c:.2f}' for c in cpus[name])}")
+            print(line, flush=True)
         if b.errors:
             raise SystemExit(f"{len(b.errors)} runs failed: {b.errors[0]}")
     finally:
         cluster.stop()
+        cpu.close()
 
 
 if __name__ == "__main__":
