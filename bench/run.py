@@ -329,11 +329,6 @@ def main() -> int:
                 retry = retry_cost(b, df)
             df.unpersist(blocking=True)  # the next shape's cache needs the storage memory
         memory = memory_by_partition_size(b) if not ONLY else []
-        fixed: dict[str, Any] = {}
-        if not ONLY:
-            from bench.fixed_cost import measure
-
-            fixed = measure(cluster.bootstrap_servers, lambda: b.fresh_topic("fixed", 2))
         rate: dict[str, Any] = {}
         if not ONLY:
             from bench import rate as rate_limit
@@ -344,6 +339,11 @@ def main() -> int:
             from bench import registry as schema_registry
 
             registry = schema_registry.measure(b)
+        fixed: dict[str, Any] = {}
+        if not ONLY:  # last: it stops the session, to time a first write in a new one
+            from bench.fixed_cost import measure
+
+            fixed = measure(cluster.bootstrap_servers, lambda: b.fresh_topic("fixed", 2))
         for e in results:
             b.errors.extend(e["errors"])
         report = {
