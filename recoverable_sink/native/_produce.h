@@ -58,6 +58,7 @@ typedef struct {
  * how many records. Kept only when the handle was made with offsets=True (success reports on). */
 typedef struct {
     char *topic;
+    rd_kafka_topic_t *rkt; /* a reference held on the topic (or NULL), so that its address names it alone */
     int32_t partition;
     int64_t first, last, count;
 } Written;

@@ -10,54 +10,87 @@
 
 /* ---- failure reports and log lines, from librdkafka's threads ------------------------------------------------ */
 
-/* An acknowledged record's offset, into its topic-partition's entry (the last one used is tried first: a produce
- * response reports one partition's records together). Called with the lock held. */
-static void note_written(Producer *self, const rd_kafka_message_t *msg) {
-    if (msg->offset < 0) { /* acknowledged without an offset (RD_KAFKA_OFFSET_INVALID): the figures are partial */
-        self->written_lost = 1;
-        return;
-    }
-    const char *topic = msg->rkt != NULL ? k_rd_kafka_topic_name(msg->rkt) : "";
-    Written *w = NULL;
-    if (self->written_last < self->written_count) {
+/* The entry of msg's topic-partition, or NULL. Each entry holds a reference on its topic, so an address compared
+ * equal is that topic's: a report costs no string comparison (strcmp was a fifth of the task thread's libc time with
+ * 100 B records). The last entry used is tried first, as a produce response reports one partition's records
+ * together; names are compared only where the report's topic is not an entry's (a handle librdkafka made apart). */
+static Written *written_entry(Producer *self, const rd_kafka_message_t *msg) {
+    if (msg->rkt != NULL && self->written_last < self->written_count) {
         Written *last = &self->written[self->written_last];
-        if (last->partition == msg->partition && strcmp(last->topic, topic) == 0)
-            w = last;
+        if (last->rkt == msg->rkt && last->partition == msg->partition)
+            return last;
     }
-    for (size_t i = 0; w == NULL && i < self->written_count; i++) {
-        if (self->written[i].partition == msg->partition && strcmp(self->written[i].topic, topic) == 0) {
-            w = &self->written[i];
+    for (size_t i = 0; msg->rkt != NULL && i < self->written_count; i++) {
+        if (self->written[i].rkt == msg->rkt && self->written[i].partition == msg->partition) {
             self->written_last = i;
+            return &self->written[i];
         }
     }
-    if (w == NULL) {
-        if (self->written_count == self->written_capacity) {
-            size_t capacity = self->written_capacity ? self->written_capacity * 2 : 8;
-            Written *grown = realloc(self->written, capacity * sizeof(Written));
-            if (grown == NULL) {
-                self->written_lost = 1;
-                return;
-            }
+    const char *topic = msg->rkt != NULL ? k_rd_kafka_topic_name(msg->rkt) : "";
+    for (size_t i = 0; i < self->written_count; i++) {
+        if (self->written[i].partition == msg->partition && strcmp(self->written[i].topic, topic) == 0) {
+            self->written_last = i;
+            return &self->written[i];
+        }
+    }
+    return NULL;
+}
+
+static void count_written(Written *w, int64_t offset) {
+    if (offset < w->first)
+        w->first = offset;
+    if (offset > w->last)
+        w->last = offset;
+    w->count++;
+}
+
+/* An acknowledged record's offset, into its topic-partition's entry. The first of a topic-partition makes the entry
+ * outside the lock: taking a topic reference takes librdkafka's own lock, under which its threads may log (on_log
+ * takes ours). */
+static void note_written(Producer *self, const rd_kafka_message_t *msg) {
+    pthread_mutex_lock(&self->lock);
+    if (msg->offset < 0) { /* acknowledged without an offset (RD_KAFKA_OFFSET_INVALID): the figures are partial */
+        self->written_lost = 1;
+        pthread_mutex_unlock(&self->lock);
+        return;
+    }
+    Written *w = written_entry(self, msg);
+    if (w != NULL) {
+        count_written(w, msg->offset);
+        pthread_mutex_unlock(&self->lock);
+        return;
+    }
+    pthread_mutex_unlock(&self->lock);
+    const char *topic = msg->rkt != NULL ? k_rd_kafka_topic_name(msg->rkt) : "";
+    char *name = strdup(topic);
+    /* The same object as msg->rkt for a topic librdkafka knows; released by take_written() or close. */
+    rd_kafka_topic_t *rkt = name != NULL && msg->rkt != NULL ? k_rd_kafka_topic_new(self->rk, name, NULL) : NULL;
+    pthread_mutex_lock(&self->lock);
+    w = written_entry(self, msg); /* made meanwhile, should two threads serve reports at once */
+    if (w == NULL && name != NULL && self->written_count == self->written_capacity) {
+        size_t capacity = self->written_capacity ? self->written_capacity * 2 : 8;
+        Written *grown = realloc(self->written, capacity * sizeof(Written));
+        if (grown != NULL) {
             self->written = grown;
             self->written_capacity = capacity;
         }
-        char *name = strdup(topic);
-        if (name == NULL) {
-            self->written_lost = 1;
-            return;
-        }
+    }
+    if (w == NULL && name != NULL && self->written_count < self->written_capacity) {
         w = &self->written[self->written_count];
         self->written_last = self->written_count++;
-        w->topic = name;
-        w->partition = msg->partition;
-        w->first = w->last = msg->offset;
-        w->count = 0;
+        *w = (Written){.topic = name, .rkt = rkt, .partition = msg->partition, .first = msg->offset,
+                       .last = msg->offset, .count = 0};
+        name = NULL;
+        rkt = NULL;
     }
-    if (msg->offset < w->first)
-        w->first = msg->offset;
-    if (msg->offset > w->last)
-        w->last = msg->offset;
-    w->count++;
+    if (w != NULL)
+        count_written(w, msg->offset);
+    else
+        self->written_lost = 1; /* out of memory */
+    pthread_mutex_unlock(&self->lock);
+    free(name); /* not used: an entry was there, or no room for one */
+    if (rkt != NULL)
+        k_rd_kafka_topic_destroy(rkt);
 }
 
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
@@ -65,11 +98,8 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opa
     Producer *self = opaque;
     if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
         /* Reported only with offsets=True; an acknowledgement itself is learnt at a drain either way. */
-        if (self->track_written) {
-            pthread_mutex_lock(&self->lock);
+        if (self->track_written)
             note_written(self, msg);
-            pthread_mutex_unlock(&self->lock);
-        }
         return;
     }
     pthread_mutex_lock(&self->lock);
@@ -214,10 +244,26 @@ static void free_failures(Failure *failures, size_t count) {
     free(failures);
 }
 
+/* Entries taken out of the handle (under its lock), freed outside it: a topic reference is released while the
+ * handle lives, since no topic outlives its rd_kafka_t, and not under our lock (see note_written). */
 static void free_written(Written *written, size_t count) {
-    for (size_t i = 0; i < count; i++)
+    for (size_t i = 0; i < count; i++) {
+        if (written[i].rkt != NULL)
+            k_rd_kafka_topic_destroy(written[i].rkt);
         free(written[i].topic);
+    }
     free(written);
+}
+
+static void clear_written(Producer *self) {
+    pthread_mutex_lock(&self->lock);
+    Written *written = self->written;
+    size_t count = self->written_count;
+    self->written = NULL;
+    self->written_count = self->written_capacity = self->written_last = 0;
+    self->written_lost = 0;
+    pthread_mutex_unlock(&self->lock);
+    free_written(written, count);
 }
 
 static void free_logs(LogLine *logs, size_t count) {
@@ -228,6 +274,8 @@ static void free_logs(LogLine *logs, size_t count) {
 
 static void close_rk(Producer *self) {
     rd_kafka_t *rk = self->rk;
+    if (rk != NULL)
+        clear_written(self); /* what is not taken is lost with the handle */
     self->rk = NULL;
     if (rk != NULL) {
         Py_BEGIN_ALLOW_THREADS
@@ -402,12 +450,16 @@ PyObject *Producer_take_written(Producer *self, PyObject *unused) {
         PyList_SetItem(entries, (Py_ssize_t)i, item); /* steals item */
     }
     PyObject *out = entries == NULL ? NULL : Py_BuildValue("(NO)", entries, self->written_lost ? Py_False : Py_True);
+    Written *taken = NULL;
+    size_t count = 0;
     if (out != NULL) {
-        free_written(self->written, self->written_count);
+        taken = self->written;
+        count = self->written_count;
         self->written = NULL;
         self->written_count = self->written_capacity = self->written_last = 0;
         self->written_lost = 0;
     }
     pthread_mutex_unlock(&self->lock);
+    free_written(taken, count);
     return out;
 }
