@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import numpy as np
@@ -179,6 +179,16 @@ def python_digests(prefix: bytes, bodies: pa.Array) -> bytes:
         return h.digest()
 
     return b"".join(map(digest, _binary(bodies).to_pylist()))
+
+
+def slices(batch: pa.RecordBatch, digests: bytes | None,
+           rows: int) -> Iterator[tuple[pa.RecordBatch, bytes | None]]:
+    """The batch in slices of at most ``rows`` records (no copy), each with its records' digests when known."""
+    n = batch.num_rows
+    for first in range(0, n, rows):
+        count = min(rows, n - first)
+        yield (batch.slice(first, count),
+               digests[first * DIGEST_SIZE:(first + count) * DIGEST_SIZE] if digests is not None else None)
 
 
 def split(digests: bytes) -> list[bytes]:

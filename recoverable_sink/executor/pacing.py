@@ -10,7 +10,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recoverable_sink.identity import DIGEST_SIZE
+from recoverable_sink.identity import slices
 from recoverable_sink.options import SinkOptions
 
 # A paced batch is handed over in pieces of at most this many seconds' worth, so the records flow evenly
@@ -63,10 +63,7 @@ class RatePacer:
         if self.bytes_per_s is not None:
             average = max(1.0, record_bytes(batch) / n)
             size = min(size, max(1, int(self.bytes_per_s * _PIECE_S / average)))
-        for first in range(0, n, size):
-            count = min(size, n - first)
-            piece = batch.slice(first, count)
-            yield piece, (digests[first * DIGEST_SIZE:(first + count) * DIGEST_SIZE] if digests is not None else None)
+        yield from slices(batch, digests, size)
 
     def wait(self, batch: pa.RecordBatch) -> None:
         now = self._clock()

@@ -39,7 +39,7 @@ from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.pacing import Pacer, pacer_for
 from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
-from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, split
+from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, slices, split
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.pool import producers
@@ -53,6 +53,11 @@ _FLUSH_MARGIN_S = 30.0  # past librdkafka's own delivery timeout, which reports 
 # A drain this often, so that acknowledgements reach the WAL and a hard kill repeats little; how often was chosen
 # by measurement (docs/performance.md, "Checkpoint interval").
 CHECKPOINT_EVERY_S = 0.05
+
+# A WAL segment (one LMDB value, one hand-over to the producer) holds at most this many bytes of Arrow data: a
+# whole batch of 10,000 large records (100 MB at 10 KB) cost more CPU to store than the same bytes in smaller
+# segments (docs/performance.md, "Segments of at most 8 MiB").
+SEGMENT_MAX_BYTES = 8 * 2**20
 
 
 class Phase(Enum):
@@ -239,12 +244,13 @@ class AtLeastOnceWriter:
         if batch.num_rows == 0:
             return
         for piece, piece_digests in self.pacer.pieces(batch, digests):
-            stored = self.log.store(piece, self.logged, piece_digests, self._dirty(), self.plan.topic_option,
-                                    self.cluster_id, self.fingerprint)
-            if self._pending is not None:
-                self._produce(self._pending)
-            self._pending = _Pending(piece, self.logged, stored)
-            self.logged += piece.num_rows
+            for segment, segment_digests in _segments(piece, piece_digests):
+                stored = self.log.store(segment, self.logged, segment_digests, self._dirty(),
+                                        self.plan.topic_option, self.cluster_id, self.fingerprint)
+                if self._pending is not None:
+                    self._produce(self._pending)
+                self._pending = _Pending(segment, self.logged, stored)
+                self.logged += segment.num_rows
 
     def _not_delivered(self, digests: list[bytes]) -> list[bool]:
         """Per record, whether it must be sent: neither an earlier attempt of this run nor, on a re-run, an
@@ -398,6 +404,14 @@ class AtLeastOnceWriter:
 
     def _release_after_abort(self) -> None:
         producers.discard(self.options)
+
+
+def _segments(batch: pa.RecordBatch, digests: bytes | None) -> Iterator[tuple[pa.RecordBatch, bytes | None]]:
+    """The batch in WAL segments of at most about ``SEGMENT_MAX_BYTES`` (slices of equal row counts)."""
+    if batch.nbytes <= SEGMENT_MAX_BYTES:
+        yield batch, digests
+        return
+    yield from slices(batch, digests, max(1, batch.num_rows * SEGMENT_MAX_BYTES // batch.nbytes))
 
 
 _frozen: list[bool] = []
