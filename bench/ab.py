@@ -8,10 +8,12 @@
 Each case's wall time and CPU per record (the driver, its JVM and the workers, the broker left out: bench.cpu)
 are printed. Each variant is a set of sink options (``"_wal": "false"`` turns the WAL off); every repetition
 writes each case once, interleaved, to a fresh topic whose count is checked. To compare against another commit,
-install that commit's package into a directory and put it first on the path; Spark's Python workers inherit it:
+install that commit's package into a directory and put it first on the path, from outside the repository: Python
+puts the working directory first on the path of this driver and of Spark's workers (``python -m``), so from the
+repository's root its own package wins whatever PYTHONPATH says:
 
     git worktree add /tmp/base <commit> && .venv/bin/python -m pip install -q --no-deps --target /tmp/basepkg /tmp/base
-    PYTHONPATH=/tmp/basepkg .venv/bin/python -m bench.ab
+    cd /tmp && PYTHONPATH=/tmp/basepkg:$OLDPWD $OLDPWD/.venv/bin/python -m bench.ab
 
 Runs of two sessions differ more than runs within one (the same code took 2.1 s in one session and 3.3 s in
 another): alternate sessions of the two commits, two or more each, and compare medians.

@@ -54,9 +54,9 @@ _FLUSH_MARGIN_S = 30.0  # past librdkafka's own delivery timeout, which reports 
 # by measurement (docs/performance.md, "Checkpoint interval").
 CHECKPOINT_EVERY_S = 0.05
 
-# A WAL segment (one LMDB value, one hand-over to the producer) holds at most this many bytes of Arrow data: a
-# whole batch of 10,000 large records (100 MB at 10 KB) cost more CPU to store than the same bytes in smaller
-# segments (docs/performance.md, "Segments of at most 8 MiB").
+# A WAL segment (one LMDB value and transaction, one hand-over to the producer) holds about this many bytes of
+# Arrow data at most, not a whole batch of 10,000 large records (100 MB at 10 KB): docs/performance.md, "Segments
+# of about 8 MiB".
 SEGMENT_MAX_BYTES = 8 * 2**20
 
 
@@ -407,7 +407,8 @@ class AtLeastOnceWriter:
 
 
 def _segments(batch: pa.RecordBatch, digests: bytes | None) -> Iterator[tuple[pa.RecordBatch, bytes | None]]:
-    """The batch in WAL segments of at most about ``SEGMENT_MAX_BYTES`` (slices of equal row counts)."""
+    """The batch in WAL segments of about ``SEGMENT_MAX_BYTES`` at most: slices of equal row counts, so a batch of
+    uneven records may give a segment above it."""
     if batch.nbytes <= SEGMENT_MAX_BYTES:
         yield batch, digests
         return

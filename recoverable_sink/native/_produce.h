@@ -57,11 +57,18 @@ typedef struct {
 /* What was acknowledged to one topic-partition since the last take_written(): its lowest and highest offset and
  * how many records. Kept only when the handle was made with offsets=True (success reports on). */
 typedef struct {
-    char *topic;
-    rd_kafka_topic_t *rkt; /* a reference held on the topic (or NULL), so that its address names it alone */
+    const char *topic;     /* a Topic's name (below), or "" */
+    rd_kafka_topic_t *rkt; /* that Topic's handle (or NULL): its address names it alone */
     int32_t partition;
     int64_t first, last, count;
 } Written;
+
+/* A topic whose acknowledgements were reported: its name and a reference held on it until the handle closes, so
+ * that no other topic can ever have its address. */
+typedef struct {
+    char *name;
+    rd_kafka_topic_t *rkt;
+} Topic;
 
 #define LOG_LINES_KEPT 1000 /* log lines kept between two take_logs(); later ones are counted, not kept */
 
@@ -82,6 +89,8 @@ typedef struct {
     Written *written;
     size_t written_count, written_capacity, written_last;
     int written_lost; /* an entry could not be allocated: what take_written() returns is incomplete */
+    Topic *topics; /* of the written entries, kept across take_written() */
+    size_t topics_count, topics_capacity;
     int busy; /* a call is using rk without the GIL: close() must not destroy it meanwhile */
     /* Records are handed over without a copy of their values: librdkafka reads each value from the batch's own
      * Arrow buffer until the record is destroyed (acknowledged or failed). The value columns of every send()

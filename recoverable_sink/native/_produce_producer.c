@@ -10,11 +10,12 @@
 
 /* ---- failure reports and log lines, from librdkafka's threads ------------------------------------------------ */
 
-/* The entry of msg's topic-partition, or NULL. Each entry holds a reference on its topic, so an address compared
- * equal is that topic's: a report costs no string comparison (strcmp was a fifth of the task thread's libc time with
- * 100 B records). The last entry used is tried first, as a produce response reports one partition's records
- * together; names are compared only where the report's topic is not an entry's (a handle librdkafka made apart). */
-static Written *written_entry(Producer *self, const rd_kafka_message_t *msg) {
+/* The entry of msg's topic-partition, or NULL. An entry's topic is held (Topic), so an address compared equal is
+ * that topic's: a report costs no string comparison (strcmp was a fifth of the task thread's libc time with 100 B
+ * records). The last entry used is tried first, as a produce response reports one partition's records together;
+ * names are compared only where the report's topic is not an entry's (a handle librdkafka made apart, before 1.5).
+ * Called with the lock held. */
+static Written *written_entry(Producer *self, const rd_kafka_message_t *msg, const char *topic) {
     if (msg->rkt != NULL && self->written_last < self->written_count) {
         Written *last = &self->written[self->written_last];
         if (last->rkt == msg->rkt && last->partition == msg->partition)
@@ -26,14 +27,58 @@ static Written *written_entry(Producer *self, const rd_kafka_message_t *msg) {
             return &self->written[i];
         }
     }
-    const char *topic = msg->rkt != NULL ? k_rd_kafka_topic_name(msg->rkt) : "";
-    for (size_t i = 0; i < self->written_count; i++) {
+    for (size_t i = 0; topic != NULL && i < self->written_count; i++) {
         if (self->written[i].partition == msg->partition && strcmp(self->written[i].topic, topic) == 0) {
             self->written_last = i;
             return &self->written[i];
         }
     }
     return NULL;
+}
+
+/* The held Topic named `topic`, or NULL. Called with the lock held. */
+static Topic *held_topic(Producer *self, const char *topic) {
+    for (size_t i = 0; i < self->topics_count; i++)
+        if (strcmp(self->topics[i].name, topic) == 0)
+            return &self->topics[i];
+    return NULL;
+}
+
+/* Holds `topic` (a reference taken outside the lock: rd_kafka_topic_new takes librdkafka's own lock, under which its
+ * threads may log, and on_log takes ours); 0, or -1 out of memory. */
+static int hold_topic(Producer *self, const rd_kafka_message_t *msg, const char *topic) {
+    pthread_mutex_lock(&self->lock);
+    int held = held_topic(self, topic) != NULL;
+    pthread_mutex_unlock(&self->lock);
+    if (held)
+        return 0;
+    char *name = strdup(topic);
+    /* The same object as msg->rkt since librdkafka 1.5 (one object per topic name); released at close. */
+    rd_kafka_topic_t *rkt = name != NULL && msg->rkt != NULL ? k_rd_kafka_topic_new(self->rk, name, NULL) : NULL;
+    int added = 0;
+    pthread_mutex_lock(&self->lock);
+    if (name != NULL && held_topic(self, topic) == NULL) { /* not held meanwhile by another thread's report */
+        if (self->topics_count == self->topics_capacity) {
+            size_t capacity = self->topics_capacity ? self->topics_capacity * 2 : 4;
+            Topic *grown = realloc(self->topics, capacity * sizeof(Topic));
+            if (grown != NULL) {
+                self->topics = grown;
+                self->topics_capacity = capacity;
+            }
+        }
+        if (self->topics_count < self->topics_capacity) {
+            self->topics[self->topics_count++] = (Topic){.name = name, .rkt = rkt};
+            added = 1;
+        }
+    }
+    held = added || held_topic(self, topic) != NULL;
+    pthread_mutex_unlock(&self->lock);
+    if (!added) {
+        free(name);
+        if (rkt != NULL)
+            k_rd_kafka_topic_destroy(rkt);
+    }
+    return held ? 0 : -1;
 }
 
 static void count_written(Written *w, int64_t offset) {
@@ -44,9 +89,7 @@ static void count_written(Written *w, int64_t offset) {
     w->count++;
 }
 
-/* An acknowledged record's offset, into its topic-partition's entry. The first of a topic-partition makes the entry
- * outside the lock: taking a topic reference takes librdkafka's own lock, under which its threads may log (on_log
- * takes ours). */
+/* An acknowledged record's offset, into its topic-partition's entry; the first report of a topic holds it. */
 static void note_written(Producer *self, const rd_kafka_message_t *msg) {
     pthread_mutex_lock(&self->lock);
     if (msg->offset < 0) { /* acknowledged without an offset (RD_KAFKA_OFFSET_INVALID): the figures are partial */
@@ -54,7 +97,7 @@ static void note_written(Producer *self, const rd_kafka_message_t *msg) {
         pthread_mutex_unlock(&self->lock);
         return;
     }
-    Written *w = written_entry(self, msg);
+    Written *w = written_entry(self, msg, NULL);
     if (w != NULL) {
         count_written(w, msg->offset);
         pthread_mutex_unlock(&self->lock);
@@ -62,12 +105,11 @@ static void note_written(Producer *self, const rd_kafka_message_t *msg) {
     }
     pthread_mutex_unlock(&self->lock);
     const char *topic = msg->rkt != NULL ? k_rd_kafka_topic_name(msg->rkt) : "";
-    char *name = strdup(topic);
-    /* The same object as msg->rkt for a topic librdkafka knows; released by take_written() or close. */
-    rd_kafka_topic_t *rkt = name != NULL && msg->rkt != NULL ? k_rd_kafka_topic_new(self->rk, name, NULL) : NULL;
+    int held = hold_topic(self, msg, topic);
     pthread_mutex_lock(&self->lock);
-    w = written_entry(self, msg); /* made meanwhile, should two threads serve reports at once */
-    if (w == NULL && name != NULL && self->written_count == self->written_capacity) {
+    w = written_entry(self, msg, topic);
+    Topic *t = held == 0 ? held_topic(self, topic) : NULL;
+    if (w == NULL && t != NULL && self->written_count == self->written_capacity) {
         size_t capacity = self->written_capacity ? self->written_capacity * 2 : 8;
         Written *grown = realloc(self->written, capacity * sizeof(Written));
         if (grown != NULL) {
@@ -75,22 +117,17 @@ static void note_written(Producer *self, const rd_kafka_message_t *msg) {
             self->written_capacity = capacity;
         }
     }
-    if (w == NULL && name != NULL && self->written_count < self->written_capacity) {
+    if (w == NULL && t != NULL && self->written_count < self->written_capacity) {
         w = &self->written[self->written_count];
         self->written_last = self->written_count++;
-        *w = (Written){.topic = name, .rkt = rkt, .partition = msg->partition, .first = msg->offset,
+        *w = (Written){.topic = t->name, .rkt = t->rkt, .partition = msg->partition, .first = msg->offset,
                        .last = msg->offset, .count = 0};
-        name = NULL;
-        rkt = NULL;
     }
     if (w != NULL)
         count_written(w, msg->offset);
     else
         self->written_lost = 1; /* out of memory */
     pthread_mutex_unlock(&self->lock);
-    free(name); /* not used: an entry was there, or no room for one */
-    if (rkt != NULL)
-        k_rd_kafka_topic_destroy(rkt);
 }
 
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
@@ -244,26 +281,25 @@ static void free_failures(Failure *failures, size_t count) {
     free(failures);
 }
 
-/* Entries taken out of the handle (under its lock), freed outside it: a topic reference is released while the
- * handle lives, since no topic outlives its rd_kafka_t, and not under our lock (see note_written). */
-static void free_written(Written *written, size_t count) {
-    for (size_t i = 0; i < count; i++) {
-        if (written[i].rkt != NULL)
-            k_rd_kafka_topic_destroy(written[i].rkt);
-        free(written[i].topic);
-    }
-    free(written);
-}
-
-static void clear_written(Producer *self) {
+/* The held topics, released while the handle lives (no topic outlives its rd_kafka_t) and outside our lock (see
+ * hold_topic); the written entries, which borrow their names, go with them: what is not taken is lost. */
+static void release_topics(Producer *self) {
     pthread_mutex_lock(&self->lock);
-    Written *written = self->written;
-    size_t count = self->written_count;
+    Topic *topics = self->topics;
+    size_t count = self->topics_count;
+    self->topics = NULL;
+    self->topics_count = self->topics_capacity = 0;
+    free(self->written);
     self->written = NULL;
     self->written_count = self->written_capacity = self->written_last = 0;
     self->written_lost = 0;
     pthread_mutex_unlock(&self->lock);
-    free_written(written, count);
+    for (size_t i = 0; i < count; i++) {
+        if (topics[i].rkt != NULL)
+            k_rd_kafka_topic_destroy(topics[i].rkt);
+        free(topics[i].name);
+    }
+    free(topics);
 }
 
 static void free_logs(LogLine *logs, size_t count) {
@@ -275,7 +311,7 @@ static void free_logs(LogLine *logs, size_t count) {
 static void close_rk(Producer *self) {
     rd_kafka_t *rk = self->rk;
     if (rk != NULL)
-        clear_written(self); /* what is not taken is lost with the handle */
+        release_topics(self);
     self->rk = NULL;
     if (rk != NULL) {
         Py_BEGIN_ALLOW_THREADS
@@ -292,7 +328,7 @@ void Producer_dealloc(Producer *self) {
     Py_CLEAR(self->values);
     free_failures(self->failures, self->count);
     free_logs(self->logs, self->logs_count);
-    free_written(self->written, self->written_count);
+    free(self->written); /* empty: release_topics emptied it, if the handle was ever made */
     pthread_mutex_destroy(&self->lock);
     freefunc free_self = (freefunc)PyType_GetSlot(type, Py_tp_free);
     free_self(self);
@@ -450,16 +486,10 @@ PyObject *Producer_take_written(Producer *self, PyObject *unused) {
         PyList_SetItem(entries, (Py_ssize_t)i, item); /* steals item */
     }
     PyObject *out = entries == NULL ? NULL : Py_BuildValue("(NO)", entries, self->written_lost ? Py_False : Py_True);
-    Written *taken = NULL;
-    size_t count = 0;
-    if (out != NULL) {
-        taken = self->written;
-        count = self->written_count;
-        self->written = NULL;
-        self->written_count = self->written_capacity = self->written_last = 0;
+    if (out != NULL) { /* the entries go, the array and the held topics stay for the next reports */
+        self->written_count = self->written_last = 0;
         self->written_lost = 0;
     }
     pthread_mutex_unlock(&self->lock);
-    free_written(taken, count);
     return out;
 }

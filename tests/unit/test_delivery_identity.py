@@ -337,3 +337,29 @@ def test_a_record_the_producer_refuses_midway_is_named_and_only_those_before_it_
     assert ledger.produced == handed
     ledger.serve(FakeProducer())  # an empty queue: a drain
     assert bytes(ledger.take_changes()[10]) == b"\1\1\1\0\0"  # skipped or acknowledged; the refused and later not
+
+
+def test_a_batch_over_the_segment_size_is_logged_and_sent_in_order_in_segments_of_its_digests(wal_dir):
+    opts, producer = options(wal_dir), FakeProducer()
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(producer))
+    big = [b"%06d" % i + b"x" * 4000 for i in range(5000)]  # about 20 MB: three segments of 8 MiB at most
+    uneven = [b"%06d" % i + b"y" * (40 if i % 2 else 20_000) for i in range(1600)]  # 16 MB
+    batch = pa.RecordBatch.from_pydict({"key": [v[:6] for v in big], "value": big})
+    writer.write(batch)
+    # A slice of 6 MB is cut by its own size, not its parent's buffers.
+    writer.write(pa.RecordBatch.from_pydict({"key": [v[:6] for v in uneven], "value": uneven}).slice(100, 600))
+    message = writer.commit()
+    wal = open_wal(wal_dir)
+    [attempt] = wal.attempts("w/")
+    logged = list(wal.segments(attempt.key))  # payloads dropped once acknowledged; counts and digests stay
+    assert message.published == message.acknowledged == 5600
+    assert producer.values() == big + uneven[100:700]  # in order, nothing lost or repeated
+    counts = [s.count for s in logged]
+    assert len(counts) == 4 and sum(counts[:3]) == 5000 and counts[3] == 600
+    # Each segment's digests are its own records': what a retry skips by.
+    first = 0
+    for segment in logged[:3]:
+        piece = batch.slice(first, segment.count)
+        assert piece.nbytes <= writer_module.SEGMENT_MAX_BYTES
+        assert segment.digests == record_digests(piece, "t", "c1")
+        first += segment.count
