@@ -471,7 +471,8 @@ PyObject *Producer_take_logs(Producer *self, PyObject *unused) {
 }
 
 /* What was acknowledged since the last call, per topic-partition, and whether that is all of it:
- * ([(topic, partition, first offset, last offset, records)], complete). Empty unless made with offsets=True. */
+ * ([(topic, partition, first offset, last offset, records)], complete). Empty unless made with offsets=True; what
+ * is not taken before close() is lost with the handle. */
 PyObject *Producer_take_written(Producer *self, PyObject *unused) {
     pthread_mutex_lock(&self->lock);
     PyObject *entries = PyList_New((Py_ssize_t)self->written_count);
