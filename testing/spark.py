@@ -145,6 +145,17 @@ def sink_stream_writer(df: DataFrame, bootstrap: str, topic: str | None = None, 
     return df.writeStream.format("recoverable_kafka").options(**_sink_options(bootstrap, topic, wal_path, options))
 
 
+def tasks_running(spark: SparkSession) -> int:
+    """How many tasks the scheduler has launched and not yet seen end. A failed job returns while its stage's other
+    tasks still run (or were launched a moment before the abort and have not begun). The scheduler's own count, not
+    the status tracker's, which lags and in local mode stays at 0."""
+    counts = spark.sparkContext._jsc.sc().taskScheduler().runningTasksByExecutors().values().iterator()
+    running = 0
+    while counts.hasNext():
+        running += counts.next()
+    return running
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="write CLASS_ARCHIVE (make integration and make chaos do)")
     group = parser.add_mutually_exclusive_group(required=True)

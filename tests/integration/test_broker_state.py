@@ -25,7 +25,7 @@ from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import kill_group, python_subprocess
 from testing.kafka_check import consumer_groups
 from testing.kafka_local import KafkaCluster
-from testing.spark import sink_writer
+from testing.spark import sink_writer, tasks_running
 from testing.waiting import wait_until
 
 FAST = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms": "1000",
@@ -116,7 +116,9 @@ def test_a_restart_or_rerun_after_the_brokers_expired_the_markers_sends_every_re
                     **trimmed_options).save()
     assert consumer_groups(bootstrap, f"{trimmed_id}-")
     prefixes.append(f"{trimmed_id}-")
-    # Spark gives up on the write without waiting for its other tasks: each ends in its own time, committed or not.
+    # Spark gives up on the write without waiting for its other tasks: each ends in its own time, committed or not,
+    # and one launched just before the abort may not have begun its attempt yet.
+    wait_until(lambda: tasks_running(spark) == 0, 120, "the failed write's tasks to end")
     trim_wal = str(tmp_path / "trim-wal")
     wait_until(lambda: not any(a.still_sending() for a in open_wal(trim_wal).attempts(f"{trimmed_id}/")), 120,
                "the failed write's other tasks to end")
