@@ -396,8 +396,8 @@ PyObject *Producer_flush(Producer *self, PyObject *args) {
     release_values(self);
     if (check_fatal(self) < 0)
         return NULL;
-    /* What the queue held when the flush saw it empty: read again, it would also count a connection error the
-     * brokers' absence queued since, and a drain whose every report was served would not count as one. */
+    /* The count the flush ended on (0: every report served). Read again, it would also count a connection error
+     * queued since (no broker answering), and a drain whose every report was served would not count as one. */
     return PyLong_FromLong(queued);
 }
 
