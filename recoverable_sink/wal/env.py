@@ -148,7 +148,7 @@ def check_room(path: str, size: int) -> None:
     commit nothing, not even the acknowledgements Kafka already gave, and a retry would then re-send those."""
     free = _free_bytes(path)
     if free is not None and free < size + _RESERVE_BYTES:
-        raise WalError(f"WAL {path}: the disk is full ({free} bytes free; the next batch needs {size} plus "
+        raise WalError(f"WAL {path}: the disk is full ({free} bytes free; the next records to log need {size} plus "
                        f"{_RESERVE_BYTES} kept free for acknowledgements); free space under wal.path or point "
                        "wal.path at a larger disk. Records accepted so far stay in the WAL")
 

@@ -177,8 +177,8 @@ class Wal(Transactions):
             used = int(txn.get(USAGE_KEY) or b"0")
             if used + length > max_bytes:
                 raise WalFullError(
-                    f"WAL {self.path} holds {used} bytes not yet acknowledged by Kafka and the next batch of "
-                    f"{batch.num_rows} records ({length} bytes) would pass wal.maxBytes={max_bytes}; nothing "
+                    f"WAL {self.path} holds {used} bytes not yet acknowledged by Kafka and the next "
+                    f"{batch.num_rows} records to log ({length} bytes) would pass wal.maxBytes={max_bytes}; nothing "
                     "was dropped: the records accepted so far stay in the WAL until Kafka acknowledges them. Raise "
                     "wal.maxBytes, free the WAL of failed writes (`recoverable-kafka-wal list`), or use smaller "
                     "Arrow batches (spark.sql.execution.arrow.maxRecordsPerBatch)"
