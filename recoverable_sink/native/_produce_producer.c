@@ -10,6 +10,18 @@
 
 /* ---- failure reports and log lines, from librdkafka's threads ------------------------------------------------ */
 
+/* An array with room for one more item: `items` itself while count < *capacity, else grown to twice *capacity
+ * (`initial` the first time), or NULL out of memory (the array and *capacity left as they were). */
+static void *room_for_one(void *items, size_t count, size_t *capacity, size_t item_size, size_t initial) {
+    if (count < *capacity)
+        return items;
+    size_t grown_capacity = *capacity ? *capacity * 2 : initial;
+    void *grown = realloc(items, grown_capacity * item_size);
+    if (grown != NULL)
+        *capacity = grown_capacity;
+    return grown;
+}
+
 /* The entry of msg's topic-partition, or NULL. An entry's topic is held (Topic), so an address compared equal is
  * that topic's: a report costs no string comparison (strcmp was a fifth of the task thread's libc time with 100 B
  * records). The last entry used is tried first, as a produce response reports one partition's records together;
@@ -58,15 +70,9 @@ static int hold_topic(Producer *self, const rd_kafka_message_t *msg, const char 
     int added = 0;
     pthread_mutex_lock(&self->lock);
     if (name != NULL && held_topic(self, topic) == NULL) { /* not held meanwhile by another thread's report */
-        if (self->topics_count == self->topics_capacity) {
-            size_t capacity = self->topics_capacity ? self->topics_capacity * 2 : 4;
-            Topic *grown = realloc(self->topics, capacity * sizeof(Topic));
-            if (grown != NULL) {
-                self->topics = grown;
-                self->topics_capacity = capacity;
-            }
-        }
-        if (self->topics_count < self->topics_capacity) {
+        Topic *topics = room_for_one(self->topics, self->topics_count, &self->topics_capacity, sizeof(Topic), 4);
+        if (topics != NULL) {
+            self->topics = topics;
             self->topics[self->topics_count++] = (Topic){.name = name, .rkt = rkt};
             added = 1;
         }
@@ -109,15 +115,11 @@ static void note_written(Producer *self, const rd_kafka_message_t *msg) {
     pthread_mutex_lock(&self->lock);
     w = written_entry(self, msg, topic);
     Topic *t = held == 0 ? held_topic(self, topic) : NULL;
-    if (w == NULL && t != NULL && self->written_count == self->written_capacity) {
-        size_t capacity = self->written_capacity ? self->written_capacity * 2 : 8;
-        Written *grown = realloc(self->written, capacity * sizeof(Written));
-        if (grown != NULL) {
-            self->written = grown;
-            self->written_capacity = capacity;
-        }
-    }
-    if (w == NULL && t != NULL && self->written_count < self->written_capacity) {
+    Written *written = NULL;
+    if (w == NULL && t != NULL)
+        written = room_for_one(self->written, self->written_count, &self->written_capacity, sizeof(Written), 8);
+    if (written != NULL) {
+        self->written = written;
         w = &self->written[self->written_count];
         self->written_last = self->written_count++;
         *w = (Written){.topic = t->name, .rkt = t->rkt, .partition = msg->partition, .first = msg->offset,
@@ -140,17 +142,13 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opa
         return;
     }
     pthread_mutex_lock(&self->lock);
-    if (self->count == self->capacity) {
-        size_t capacity = self->capacity ? self->capacity * 2 : 64;
-        Failure *grown = realloc(self->failures, capacity * sizeof(Failure));
-        if (grown == NULL) {
-            /* Counted as failed nowhere: the drain would count it acknowledged. Stop instead of lying. */
-            fprintf(stderr, "recoverable_sink._produce: out of memory recording a failed delivery\n");
-            abort();
-        }
-        self->failures = grown;
-        self->capacity = capacity;
+    Failure *failures = room_for_one(self->failures, self->count, &self->capacity, sizeof(Failure), 64);
+    if (failures == NULL) {
+        /* Counted as failed nowhere: the drain would count it acknowledged. Stop instead of lying. */
+        fprintf(stderr, "recoverable_sink._produce: out of memory recording a failed delivery\n");
+        abort();
     }
+    self->failures = failures;
     Failure *f = &self->failures[self->count++];
     f->opaque = (uint64_t)(uintptr_t)msg->_private;
     f->err = msg->err;
