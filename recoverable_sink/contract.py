@@ -11,7 +11,6 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 # Re-exported: run ids are part of what driver and tasks agree on; they live apart so the CLI needs no pyspark.
 from recoverable_sink.offsets import OffsetRange
-from recoverable_sink.runs import later_run as later_run
 from recoverable_sink.runs import new_run_id as new_run_id
 
 

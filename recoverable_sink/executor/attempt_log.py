@@ -7,8 +7,6 @@ queued on the process's WAL thread, and what earlier attempts of the same partit
 
 from __future__ import annotations
 
-import socket
-import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
 from typing import Protocol
@@ -17,8 +15,9 @@ import pyarrow as pa
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import TaskIdentity
-from recoverable_sink.errors import InputCutShortError, WalError
-from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns, earlier_run_attempts
+from recoverable_sink.errors import WalError
+from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
+from recoverable_sink.executor.resume_plan import Prior, TaskAttempt
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.wal import (
@@ -45,11 +44,6 @@ def helper_thread(name: str) -> ThreadPoolExecutor:
     return _threads[name]
 
 
-def attempt_name(attempt_key: str) -> str:
-    """An attempt key without its write id and partition (unique on its own: time, attempt and a random part)."""
-    return attempt_key.rsplit("/", 1)[-1]
-
-
 class LogOfAttempt(Protocol):
     """What a writer holds of its attempt's log: :class:`AttemptLog`, or :class:`NoLog` with the WAL off. ``key``
     is the attempt's path once begun (None before, and always without a WAL); ``priors`` the earlier attempts of
@@ -61,14 +55,12 @@ class LogOfAttempt(Protocol):
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None: ...
 
-    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet: ...
+    def write_priors(self, task: TaskAttempt) -> tuple[Prior, ...]: ...
 
-    def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None: ...
+    def proof(self, priors: tuple[Prior, ...], all_acknowledged: bool = False) -> DeliveredSet: ...
 
-    def earlier_attempts(self, ident: TaskIdentity) -> list[AttemptInfo]: ...
-
-    def earlier_runs(self, ident: TaskIdentity, attempts: list[AttemptInfo],
-                     all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns: ...
+    def claims(self, ident: TaskIdentity, priors: tuple[Prior, ...],
+               all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns: ...
 
     def end(self) -> None: ...
 
@@ -100,18 +92,15 @@ class NoLog:
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
         """Nothing to begin."""
 
-    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
+    def write_priors(self, task: TaskAttempt) -> tuple[Prior, ...]:
+        """No log: no earlier attempt is known."""
+        return ()
+
+    def proof(self, priors: tuple[Prior, ...], all_acknowledged: bool = False) -> DeliveredSet:
         return DeliveredSet()
 
-    def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None:
-        """No earlier attempt is known."""
-
-    def earlier_attempts(self, ident: TaskIdentity) -> list[AttemptInfo]:
-        """No log: no earlier run is known."""
-        return []
-
-    def earlier_runs(self, ident: TaskIdentity, attempts: list[AttemptInfo],
-                     all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
+    def claims(self, ident: TaskIdentity, priors: tuple[Prior, ...],
+               all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
         return NoEarlierRuns()
 
     def end(self) -> None:
@@ -176,68 +165,31 @@ class AttemptLog:
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
         self.key = self.wal.begin_attempt(ident.write_id, ident.partition, ident.attempt, {**ident.extra, **meta})
 
-    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
-        """The digests of what Kafka acknowledged to ``attempts`` (see :meth:`Wal.delivered`)."""
-        trimmed = [a for a in attempts if a.trimmed]
-        if trimmed:
-            log.warning("WAL %s: the proof of delivery of %d earlier attempt(s) of write(s) %s went to keep "
-                        "wal.proofMaxBytes, so what they delivered is not known here and is not skipped",
-                        self.wal.path, len(trimmed), sorted({a.write_id for a in trimmed}))
-        return self.wal.delivered(attempts, all_acknowledged)
+    def write_priors(self, task: TaskAttempt) -> tuple[Prior, ...]:
+        """The write's attempts in this WAL, any partition, this one's excepted (also kept as :attr:`priors`, its
+        partition's), for the resume plan; with their record counts, which tell whether the digests here account
+        for what a marker says its transactions hold. An attempt whose own entry is gone (a release purged it
+        while it ran) fails before sending anything."""
+        found = self.wal.attempts(f"{task.write_id}/")
+        if self.key is not None and not any(a.key == self.key for a in found):
+            raise WalError(f"WAL {self.path}: attempt {self.key} is no longer in the log (purged while it ran?); "
+                           "this attempt stops before sending anything, and its retry starts afresh")
+        others = [a for a in found if a.key != self.key]
+        self.priors = [a for a in others if a.partition == task.partition]
+        return tuple(Prior.of(a, self.wal.record_count(a.key) if a.partition == task.partition else 0)
+                     for a in others)
 
-    def settle_priors(self, ident: TaskIdentity, wait_s: float) -> None:
-        """at_least_once, once this attempt has begun: read the earlier attempts again, when none is still sending.
+    def proof(self, priors: tuple[Prior, ...], all_acknowledged: bool = False) -> DeliveredSet:
+        """The digests of what Kafka acknowledged to ``priors`` (every record they logged, with
+        ``all_acknowledged``: attempts whose transactions committed)."""
+        return self.wal.delivered([p.key for p in priors], all_acknowledged)
 
-        Spark does not wait for a failed task's Python worker: it goes on sending what its input had buffered while
-        the retry runs, and may even start its writer after the retry (or the whole job) ended. Within one run of a
-        write (``run`` in the identity: one driver-side writer, one SparkContext) Spark numbers task attempts in
-        order, so an attempt that finds a later one of its run stands down before sending anything, whether that
-        one still runs or not; across runs (attempt numbers start again in a new application) one begun later by a
-        live process here counts (:meth:`AttemptInfo.later_than`). One that finds an earlier attempt still sending
-        (:meth:`AttemptInfo.still_sending`) waits (up to ``wait_s``) for it to end with its acknowledgements saved.
-        Each begins before it looks, so of two that overlap one always sees the other."""
-        assert self.key is not None
-        deadline = time.monotonic() + wait_s
-        waited = False
-        while True:
-            found = self.wal.prior_attempts(ident.write_id, ident.partition)
-            self.priors = [a for a in found if a.key != self.key]
-            if not isinstance(ident.extra.get("task_attempt_id"), int):  # not in a Spark task: no order to go by
-                return
-            own = next((a for a in found if a.key == self.key), None)
-            # A zombie whose entry a later attempt's release already purged is judged as the record it began.
-            judged = own or AttemptInfo.begun(self.key, ident.write_id, ident.partition, ident.attempt, ident.extra,
-                                              host=socket.gethostname(), created=time.time(), owner=None)
-            if any(a.later_than(judged) for a in self.priors):
-                raise InputCutShortError(f"{ident.where}: Spark already started a later attempt of this task, so "
-                                         "this one's JVM side is gone; it stands down without sending anything")
-            if own is None:
-                raise WalError(f"WAL {self.path}: attempt {self.key} is no longer in the log (purged while it ran?); "
-                               "this attempt stops before sending anything, and its retry starts afresh")
-            sending = [a for a in self.priors if a.still_sending()]
-            if not sending:
-                return
-            if time.monotonic() >= deadline:
-                log.warning("%s: %d earlier attempt(s) of this partition still run after %.0f s; going on without "
-                            "knowing what Kafka acknowledged to them since: some records may be sent twice",
-                            ident.where, len(sending), wait_s)
-                return
-            if not waited:
-                log.info("%s: waiting for %d earlier attempt(s) of this partition, still sending from a failed "
-                         "task's Python worker, to end", ident.where, len(sending))
-                waited = True
-            time.sleep(0.05)
-
-    def earlier_attempts(self, ident: TaskIdentity) -> list[AttemptInfo]:
-        """Attempts of this write, in any partition, that earlier runs of it left in this WAL."""
-        return earlier_run_attempts(self.wal, ident, self.key)
-
-    def earlier_runs(self, ident: TaskIdentity, attempts: list[AttemptInfo],
-                     all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
-        """What ``attempts`` (of earlier runs) delivered, for this attempt to take from under claims."""
-        if not attempts:
+    def claims(self, ident: TaskIdentity, priors: tuple[Prior, ...],
+               all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
+        """What ``priors`` (of other runs) delivered, for this attempt to take from under its run's claims."""
+        if not priors:
             return NoEarlierRuns()
-        return EarlierRuns(self.wal, ident, self.wal.delivered(attempts, all_acknowledged))
+        return EarlierRuns(self.wal, ident, self.wal.delivered([p.key for p in priors], all_acknowledged))
 
     def end(self) -> None:
         """After a failure, behind the acknowledgement saves still queued: no retry need wait for this attempt."""

@@ -7,34 +7,21 @@ proof of delivery of every partition of the earlier runs on this host. Partition
 under claims kept in the WAL (:meth:`Wal.claim`): one acknowledged copy of a record is counted by one partition
 only, whichever of them runs first, and a retry of a partition takes its own claims again.
 
-Runs are told apart by the ``run`` in an attempt's identity (one driver-side writer); a run id starts with the
-time its driver made it, so runs of one write are ordered (:func:`later_run`).
+Runs are told apart by the ``run`` in an attempt's identity (one driver-side writer), never ordered: which
+attempts a task takes from is the resume plan's (:mod:`recoverable_sink.executor.resume_plan`); this module
+carries out its claims.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
-from recoverable_sink.contract import TaskIdentity, later_run
+from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import StaleAttemptError
+from recoverable_sink.executor.resume_plan import TaskAttempt, stand_down_for_micro_batch
 from recoverable_sink.identity import DeliveredSet
-from recoverable_sink.wal import AttemptInfo, Wal, release_committed_batches
+from recoverable_sink.wal import Wal, release_committed_batches
 from recoverable_sink.wal.retention import micro_batch_attempts
-
-
-def run_of(attempt: AttemptInfo) -> str | None:
-    """The run of the write that began an attempt (None for one begun outside a Spark task)."""
-    return attempt.run
-
-
-def earlier_run_attempts(wal: Wal, ident: TaskIdentity, own_key: str | None) -> list[AttemptInfo]:
-    """Attempts of this write, any partition, that another run began (none outside a Spark task, whose identity
-    has no run)."""
-    run = ident.extra.get("run")
-    if not isinstance(run, str):
-        return []
-    return [a for a in wal.attempts(f"{ident.write_id}/") if a.key != own_key and run_of(a) != run
-            and not later_run(run_of(a), run)]
 
 
 class NoEarlierRuns:
@@ -85,11 +72,10 @@ def settle_micro_batches(wal: Wal, ident: TaskIdentity) -> None:
     if ident.kind != "stream" or not isinstance(query_id, str) or not isinstance(batch, int):
         return
     attempts = micro_batch_attempts(wal, query_id)
-    later = sorted({b for a in attempts if (b := a.micro_batch_of(query_id)) is not None and b > batch})
-    if later:
-        raise StaleAttemptError(
-            f"{ident.where}: this host already ran micro-batch {later[-1]} of query {query_id}, which Spark starts "
-            f"only once micro-batch {batch} is committed: this task belongs to a driver the query has moved past (a "
-            "zombie, such as a frozen driver resumed after another took over the checkpoint). It stands down "
-            "without sending anything; stop that driver")
+    task = TaskAttempt(write_id=ident.write_id, partition=ident.partition, run=None, exactly_once=False,
+                       micro_batch=batch)
+    later = max((b for a in attempts if (b := a.micro_batch_of(query_id)) is not None), default=None)
+    zombie = stand_down_for_micro_batch(task, later, "this host's WAL")
+    if zombie is not None:
+        raise StaleAttemptError(zombie.reason)
     release_committed_batches(wal, query_id, batch, attempts)

@@ -33,18 +33,36 @@ import pyarrow as pa
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
-from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
+from recoverable_sink.errors import (
+    DeliveryError,
+    FatalProducerError,
+    InputCutShortError,
+    RecordError,
+    RerunRefusedError,
+    StaleAttemptError,
+)
+from recoverable_sink.executor import resume_plan
 from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt, NoLog, open_log
 from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.pacing import Pacer, pacer_for
 from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
+from recoverable_sink.executor.resume_plan import (
+    Evidence,
+    Plan,
+    Prior,
+    Refuse,
+    Send,
+    SkipIfCommitted,
+    StandDown,
+    TaskAttempt,
+    Wait,
+)
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, slices, split
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.pool import producers
 from recoverable_sink.producer.protocol import SinkProducer
-from recoverable_sink.wal import DONE
 
 log = get_logger("writer")
 
@@ -150,6 +168,7 @@ class AtLeastOnceWriter:
         # What earlier runs of the write delivered on this host, in any partition: a re-run's partitions may hold
         # other rows than the failed run's partitions of the same number.
         self.earlier: EarlierRuns | NoEarlierRuns = NoEarlierRuns()
+        self.resume: Send = Send()  # the resume plan this attempt follows, once started
         self.fingerprint = Fingerprint()  # of the whole input, skipped records included
         self.marker_topic = plan.topic_option
         self.position = 0  # records read from Spark
@@ -193,22 +212,70 @@ class AtLeastOnceWriter:
         return Phase.WRITING
 
     def _begun(self) -> None:
-        """Skip what Kafka acknowledged to the earlier attempts this host logged, once none of them still sends."""
+        """Follow the resume plan, once this attempt has begun its entry: it is begun before the earlier attempts
+        are read (LMDB serialises the two), so of two attempts that overlap one always sees the other."""
         try:
-            self.log.settle_priors(self.ident, final_wait_s(self.options))
-            # An exactly_once attempt of an earlier run counts only once committed (done): an aborted transaction's
-            # acknowledged records are not visible to read_committed readers.
-            earlier = [a for a in self.log.earlier_attempts(self.ident)
-                       if not a.exactly_once or a.state == DONE]
-            if earlier:
-                self.earlier = self.log.earlier_runs(self.ident, earlier, all_acknowledged=False)
-                log.info("%s: a re-run of write %s: %d records that earlier runs delivered on this host, in any "
-                         "partition, are not sent again", self.where, self.ident.write_id, self.earlier.records)
-            ours = {a.key for a in earlier}
-            self.delivered = self.log.delivered([p for p in self.log.priors if p.key not in ours])
+            self._follow(self._planned(self.log.write_priors(self._task())))
         except BaseException:
             self.log.drop()  # nothing logged under it: no retry is to wait for this attempt
             raise
+
+    def _task(self) -> TaskAttempt:
+        """This attempt as the resume plan sees it."""
+        extra = self.ident.extra
+        run, tid, batch = extra.get("run"), extra.get("task_attempt_id"), extra.get("batch_id")
+        return TaskAttempt(write_id=self.ident.write_id, partition=self.ident.partition,
+                           run=run if isinstance(run, str) else None, exactly_once=self.options.exactly_once,
+                           task_attempt_id=tid if isinstance(tid, int) and not isinstance(tid, bool) else None,
+                           micro_batch=batch if self.ident.kind == "stream" and isinstance(batch, int) else None,
+                           key=self.log.key)
+
+    def _evidence(self, priors: tuple[Prior, ...], waited_out: bool) -> Evidence:
+        return Evidence(task=self._task(), priors=priors, waited_out=waited_out, wal=self.log.path)
+
+    def _planned(self, priors: tuple[Prior, ...]) -> Plan:
+        """The resume plan; while it says to wait for attempts still sending on this host, the priors are read again
+        every 0.05 s, up to the final delivery wait."""
+        deadline = time.monotonic() + final_wait_s(self.options)
+        waited = False
+        while True:
+            plan = resume_plan.plan(self._evidence(priors, waited_out=time.monotonic() >= deadline))
+            if not isinstance(plan, Wait):
+                return plan
+            if not waited:
+                log.info("%s: waiting for %d earlier attempt(s) of this write (%s), still sending from a live "
+                         "Python worker on this host, to end", self.where, len(plan.attempts),
+                         ", ".join(plan.attempts))
+                waited = True
+            time.sleep(CHECKPOINT_EVERY_S)
+            priors = self.log.write_priors(self._task())
+
+    def _follow(self, plan: Plan) -> Phase:
+        """Carry out a resume plan: what to skip by, or the stand-down or refusal (nothing sent)."""
+        if isinstance(plan, StandDown):
+            raise (InputCutShortError if plan.by_retry else StaleAttemptError)(plan.reason)
+        if isinstance(plan, Refuse):
+            raise RerunRefusedError(plan.message)
+        if isinstance(plan, SkipIfCommitted):
+            log.info("%s: %s: the partition is skipped if its input is the one committed (same fingerprint)",
+                     self.where, plan.reason)
+            return Phase.SKIPPING
+        assert isinstance(plan, Send)
+        if plan.overdue:
+            log.warning("%s: %d earlier attempt(s) of this write still run after %.0f s; going on without knowing "
+                        "what Kafka acknowledged to them since: some records may be sent twice", self.where,
+                        len(plan.overdue), final_wait_s(self.options))
+        if plan.unproven:
+            log.warning("WAL %s: the proof of delivery of %d earlier attempt(s) of write %s went to keep "
+                        "wal.proofMaxBytes, so what they delivered is not known here and is sent again",
+                        self.log.path, len(plan.unproven), self.ident.write_id)
+        self.resume = plan
+        self.delivered = self.log.proof(plan.resume, plan.all_acknowledged)
+        if plan.claim:
+            self.earlier = self.log.claims(self.ident, plan.claim, all_acknowledged=self.options.exactly_once)
+            log.info("%s: a re-run of write %s: %d records that other runs delivered on this host, in any "
+                     "partition, are not sent again", self.where, self.ident.write_id, self.earlier.records)
+        return Phase.WRITING
 
     def _release_after_failed_start(self) -> None:
         """Nothing was sent: the pooled producer stays in the pool, and an entry begun is removed, so that no

@@ -114,7 +114,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
     options = parse_options(kafka)
     total = wal.record_count(attempt.key) if progress is not None else 0
     producer = producer if producer is not None else producers.get(options)
-    acked_later = wal.delivered(later)
+    acked_later = wal.delivered([a.key for a in later])
     counts = ReplayCounts()
     ledger = Ledger()
     producer.ledger = ledger

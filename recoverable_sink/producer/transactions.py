@@ -34,8 +34,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.contract import later_run, stream_batch_of
-from recoverable_sink.errors import DeliveryError, StaleAttemptError, transaction_problem
+from recoverable_sink.errors import DeliveryError, transaction_problem
 from recoverable_sink.identity import Fingerprint
 from recoverable_sink.options import SinkOptions, client_config, short_lived
 from recoverable_sink.producer.ledger import delivery_timeout_s
@@ -116,6 +115,7 @@ class PartitionTransaction:
         self.in_transaction = False
         self.marker: Marker | None = None  # the committed marker of this write open() found, if any
         self.first_send: float | None = None  # when the open transaction got its first record (the brokers' clock)
+        self.latest_batch: int | None = None  # of the query, as open() found its markers (a stream's only)
 
     def fail(self, exc: KafkaException, what: str) -> DeliveryError:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
@@ -141,9 +141,8 @@ class PartitionTransaction:
         the partition (no transaction is open then), else None with a transaction open.
 
         With a ``topic`` option, a marker counts only for that topic: a streaming query restarted from its
-        checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once. A
-        marker of a later micro-batch of the query, or of a newer run of the write, makes this attempt stand down
-        (:class:`StaleAttemptError`): it is a zombie, and whatever it sent would repeat records."""
+        checkpoint towards another topic re-sends a re-run batch there, as it would under at_least_once. The latest
+        micro-batch the query's markers name is kept in :attr:`latest_batch`, for the resume plan."""
         conf = short_lived({**self.options.producer_config(), "transactional.id": self.txn_id})
         try:
             self.producer = new_producer(conf, self.options.native_producer, client_config(self.options))
@@ -163,10 +162,13 @@ class PartitionTransaction:
             raise self.fail(exc, "init_transactions") from None
         try:
             markers = self.read_markers(topic)
-            self._stand_down_if_superseded(markers)
         except BaseException:
             self.close()
             raise
+        # The latest micro-batch of the query the group's markers name: a task of an earlier one is a zombie's, which
+        # the resume plan makes stand down.
+        self.latest_batch = max((m.batch for m in markers if m.batch is not None), default=None) \
+            if self.shared else None
         # A marker without a write id (never written so) counts only in a group of this write's own.
         mine = [m for m in markers if (m.write_id or (None if self.shared else self.write_id)) == self.write_id]
         marker = next((m for m in mine if topic is None or (m.topic or topic) == topic), None)
@@ -180,22 +182,6 @@ class PartitionTransaction:
             return marker
         self.begin()
         return None
-
-    def _stand_down_if_superseded(self, markers: list[Marker]) -> None:
-        batch = stream_batch_of(self.write_id) if self.shared else None
-        for m in markers:
-            if batch is not None and m.batch is not None and m.batch > batch:
-                raise StaleAttemptError(
-                    f"{self.where}: partition {self.partition}'s commit marker ({self.txn_id}) names micro-batch "
-                    f"{m.batch} of this query, later than this micro-batch {batch}: this task belongs to a driver "
-                    "the query has moved past (a zombie, such as a frozen driver resumed after another took over "
-                    "the checkpoint). It stands down without sending anything; stop that driver")
-            if m.write_id == self.write_id and later_run(m.run, self.run):
-                raise StaleAttemptError(
-                    f"{self.where}: a newer run of write {self.write_id} (run {m.run}, this one is {self.run}) "
-                    f"already committed partition {self.partition}: this task belongs to a run that was "
-                    "superseded (a zombie driver or a task that started late). It stands down without sending "
-                    "anything")
 
     def begin(self) -> None:
         assert self.producer is not None

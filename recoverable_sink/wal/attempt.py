@@ -1,6 +1,6 @@
 """The attempt record: what the WAL keeps of one task attempt under ``m/`` (typed and versioned), its encoding, and
-the one home of the rules read from it (still sending, the later of two overlapping attempts, kept by the sweep,
-proof released), so that the attempt log, the retention and the CLI judge an attempt alike.
+the one home of the rules read from it (still sending, kept by the sweep, proof released), so that the attempt
+log, the retention and the CLI judge an attempt alike.
 
 A record is JSON with ``"v": 1``. One without ``"v"`` was written before records carried a version (the same
 fields) and reads as version 0; a newer version than :data:`VERSION` is refused, not guessed at. A field at its
@@ -26,7 +26,6 @@ from enum import Enum
 from typing import TypeVar
 
 from recoverable_sink.errors import WalCorruptionError, WalError
-from recoverable_sink.runs import later_run
 
 VERSION = 1  # of the attempt record: raised when a field's meaning changes, so that older code refuses, not misreads
 
@@ -188,18 +187,6 @@ class AttemptInfo:
         run it. One whose process is gone, or written before owners were recorded, counts as a failed attempt."""
         return self.state != DONE and self.ended is None and self.owner is not None and self.owner.may_still_run()
 
-    def later_than(self, other: AttemptInfo) -> bool:
-        """Whether this attempt of a partition counts as begun after ``other`` (of the same partition), so that
-        ``other`` stands down. Within one run Spark numbers task attempts in order, whether the later one's process
-        still runs or not; when both runs are time-ordered, the newer run is the later; otherwise (attempt numbers
-        start again in a new application) the one begun later by a process still running here (keys start with
-        the time)."""
-        if other.run is not None and self.run == other.run:
-            return _task_attempt(self) > _task_attempt(other)
-        if later_run(self.run, other.run) or later_run(other.run, self.run):
-            return later_run(self.run, other.run)
-        return self.key > other.key and self.owner is not None and self.owner.runs_here()
-
     def generated_proof_expired(self, now: float, grace_s: float) -> bool:
         """Whether this is a finished attempt of a write with a generated id, done for longer than ``grace_s``:
         such a write is never re-run, so its proof of delivery may go."""
@@ -213,11 +200,6 @@ class AttemptInfo:
 
 _OPTIONAL = ("ended", "done_at", "kind", "topic", "cluster_id", "guarantee", "run", "task_attempt_id", "stage",
              "query_id", "batch_id")
-
-
-def _task_attempt(attempt: AttemptInfo) -> int:
-    """Spark's task attempt id of an attempt, -1 if unknown (written outside a Spark task)."""
-    return attempt.task_attempt_id if attempt.task_attempt_id is not None else -1
 
 
 # ---- decoding -------------------------------------------------------------------------------------------

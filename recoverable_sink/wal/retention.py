@@ -56,15 +56,20 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None, proof_max_byte
 
 def trim_proof(wal: Wal, max_bytes: int) -> int:
     """Keep done attempts' proof of delivery under ``max_bytes`` (``wal.proofMaxBytes``): past it, the proof of the
-    attempts done first goes (:meth:`Wal.trim_proof`), their records stay. Failed or running attempts, and those
-    holding records Kafka never acknowledged, are neither trimmed nor counted. Returns attempts trimmed.
+    attempts done first goes (:meth:`Wal.trim_proof`), their records stay. Attempts of a write that has an attempt
+    here not done (failed, or still running), and those holding records Kafka never acknowledged, are neither
+    trimmed nor counted: a re-run of a failed write needs the proof of its successful partitions too. Returns
+    attempts trimmed.
 
     A long ``wal.writeId`` history is what this bounds: its proof (16 bytes a record) would otherwise stay for
     ``wal.retentionHours``. A re-run of a trimmed write can no longer tell what it delivered: under at_least_once
     it sends those partitions again, under exactly_once it goes by the brokers' markers and refuses once they
     expired too."""
-    # Done attempts only: a failed attempt's proof is what a re-run of its failed write skips by.
-    finished = [a for a in wal.attempts() if not a.trimmed and a.state == DONE]
+    # Only writes whose every attempt here is done: a write with an attempt not done (failed, or still running)
+    # may be re-run, and that re-run skips by the proof of all of its partitions, the done ones included.
+    attempts = wal.attempts()
+    unfinished = {a.write_id for a in attempts if a.state != DONE}
+    finished = [a for a in attempts if not a.trimmed and a.state == DONE and a.write_id not in unfinished]
     if not finished:
         return 0
     sizes = wal.proof_bytes([a.key for a in finished])

@@ -115,13 +115,13 @@ class Wal(Transactions):
                 keys.append(k[len(META):].decode())
         return keys
 
-    def delivered(self, attempts: list[AttemptInfo], all_acknowledged: bool = False) -> DeliveredSet:
+    def delivered(self, attempt_keys: list[str], all_acknowledged: bool = False) -> DeliveredSet:
         """What these attempts logged, and which of it Kafka acknowledged, as a multiset of record digests.
         Digests include the cluster id and topic, so attempts towards another destination never match.
         ``all_acknowledged``: every logged record counts (attempts whose Kafka transaction committed)."""
         delivered = DeliveredSet()
-        for attempt in attempts:
-            for seg in self.segments(attempt.key, payload=False):
+        for key in attempt_keys:
+            for seg in self.segments(key, payload=False):
                 delivered.add(seg.digests, None if all_acknowledged else seg.acked)
         return delivered
 

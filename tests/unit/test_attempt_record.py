@@ -103,23 +103,6 @@ def test_a_record_that_does_not_decode_is_corruption_named_by_its_key(value):
         decode_attempt("/wal", "w/000000/k", value)
 
 
-def test_within_one_run_the_larger_task_attempt_id_is_later_whether_its_process_runs_or_not():
-    earlier, later = record("w/0/2", "r1", 3), record("w/0/1", "r1", 7, owner=GONE)
-    assert later.later_than(earlier) and not earlier.later_than(later)
-
-
-def test_of_two_time_ordered_runs_the_newer_run_is_later_whatever_the_keys_and_attempt_ids():
-    old, new = record("w/0/2", OLDER_RUN, 50), record("w/0/1", NEWER_RUN, 1, owner=GONE)
-    assert new.later_than(old) and not old.later_than(new)
-
-
-@pytest.mark.parametrize(("owner", "later"), [(LIVE, True), (GONE, False), (ELSEWHERE, False), (None, False)])
-def test_across_unordered_runs_the_one_begun_after_counts_only_while_its_process_runs_here(owner, later):
-    mine, other = record("w/0/1", "old", 5000), record("w/0/2", "new", 10, owner=owner)
-    assert other.later_than(mine) is later
-    assert not mine.later_than(other)  # begun before: never the later one, however large its attempt id
-
-
 @pytest.mark.parametrize(("changes", "sending"), [
     ({}, True), ({"state": LOGGED}, True), ({"state": DONE}, False), ({"ended": 1.0}, False),
     ({"owner": GONE}, False), ({"owner": ELSEWHERE}, False), ({"owner": None}, False),

@@ -112,18 +112,15 @@ def test_a_new_application_rerunning_the_write_goes_on_beside_an_old_runs_live_w
     assert (writer.commit().skipped, again.delivered) == (300, [])
 
 
-def test_an_attempt_whose_entry_was_purged_stands_down_as_a_zombie_if_a_later_one_began_else_fails(wal_dir):
-    """A release may purge a zombie's entry between its begin and its look at the others: a later attempt still
-    makes it stand down as one (it sends nothing either way), and with none it fails on the missing entry."""
+def test_an_attempt_whose_entry_was_purged_fails_before_sending_anything(wal_dir):
+    """A release may purge an attempt's entry between its begin and its look at the others: it sends nothing."""
     from recoverable_sink.errors import WalError
     from recoverable_sink.executor.attempt_log import AttemptLog
+    from recoverable_sink.executor.resume_plan import TaskAttempt
 
     opts = options(wal_dir)
     zombie = AttemptLog.open(opts, _ident(3, 0))
     zombie.begin(_ident(3, 0), {"kind": "batch"})
     open_wal(wal_dir).purge([zombie.key])
     with pytest.raises(WalError, match="no longer in the log"):
-        zombie.settle_priors(_ident(3, 0), 1.0)
-    open_writer(opts, PLAN, _ident(7, 1), "c1", producer=sink_producer(FakeProducer()))
-    with pytest.raises(InputCutShortError, match="later attempt"):
-        zombie.settle_priors(_ident(3, 0), 1.0)
+        zombie.write_priors(TaskAttempt("w", 0, "r1", exactly_once=False, task_attempt_id=3, key=zombie.key))

@@ -256,8 +256,8 @@ def test_a_committed_attempt_counts_every_logged_record_as_delivered(wal_dir):
     append(wal, key, 0, b)
     [attempt] = wal.attempts("w1/")
     digests = record_digests(b, "t", "c")
-    assert wal.delivered([attempt]).take([digests[:16], digests[16:]]).skip == [False, False]
-    assert wal.delivered([attempt], all_acknowledged=True).take([digests[16:], digests[:16]]).skip == [True, True]
+    assert wal.delivered([attempt.key]).take([digests[:16], digests[16:]]).skip == [False, False]
+    assert wal.delivered([attempt.key], all_acknowledged=True).take([digests[16:], digests[:16]]).skip == [True, True]
 
 
 def test_sweep_removes_old_proof_of_finished_attempts_only(wal_dir):
@@ -303,8 +303,8 @@ def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(w
     assert sorted(by_write) == ["failed", "newest", "older", "oldest", "running"]  # every record stays
     assert [w for w, a in sorted(by_write.items()) if a.trimmed] == ["older", "oldest"]
     assert wal.record_count(finished[0]) == wal.record_count(finished[1]) == 0
-    assert not wal.delivered([by_write["oldest"]], all_acknowledged=True)
-    assert sum(wal.delivered([by_write["newest"]], all_acknowledged=True).acked.values()) == 100
+    assert not wal.delivered([by_write["oldest"].key], all_acknowledged=True)
+    assert sum(wal.delivered([by_write["newest"].key], all_acknowledged=True).acked.values()) == 100
     assert wal.holding_payload([pending]) == {pending}
     assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 1  # the newest; never a running one
     assert not by_write["running"].trimmed and wal.record_count(running) == 1
@@ -472,3 +472,31 @@ def test_partitions_of_a_rerun_never_both_count_one_delivered_copy(wal_dir):
     taken = Counter()
     assert wal.claim("w", "run3", 0, [e], proven, taken) == [True]
     assert wal.claim("w", "run3", 0, [e, e], proven, taken) == [True, False]
+
+
+def test_the_proof_of_a_failed_writes_done_partitions_is_never_trimmed_while_one_partition_is_not_done(wal_dir):
+    """A re-run of a failed write skips by the proof of its successful partitions too: trimming them first made an
+    at_least_once re-run repeat them and an exactly_once one refuse for ever."""
+    wal = open_wal(wal_dir)
+    done = []
+    for partition in (0, 1, 3):
+        key = wal.begin_attempt("failed-write", partition, 0, {})
+        append(wal, key, 0, batch([b"p%d-%d" % (partition, i) for i in range(100)]))
+        wal.save_acks(key, {0: bytearray(b"\x01" * 100)})
+        wal.finish(key, [])
+        done.append(key)
+    failed = wal.begin_attempt("failed-write", 2, 0, {})
+    append(wal, failed, 0, batch([b"p2-%d" % i for i in range(100)]))
+    wal.save_acks(failed, {0: bytearray(b"\x01" * 50 + b"\x00" * 50)})
+    wal.end_attempt(failed)
+    other = wal.begin_attempt("finished-write", 0, 0, {})
+    append(wal, other, 0, batch([b"o-%d" % i for i in range(100)]))
+    wal.save_acks(other, {0: bytearray(b"\x01" * 100)})
+    wal.finish(other, [])
+
+    assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 1  # the finished write's only
+    by_key = {a.key: a for a in wal.attempts()}
+    assert by_key[other].trimmed and not any(by_key[k].trimmed for k in done)
+    assert sum(wal.delivered(done, all_acknowledged=True).acked.values()) == 300
+    wal.finish(failed, [])  # the re-run completed the write: now all of it may go
+    assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 3  # the partitions done first
