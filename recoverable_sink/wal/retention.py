@@ -65,33 +65,42 @@ def trim_proof(wal: Wal, max_bytes: int) -> int:
     ``wal.retentionHours``. A re-run of a trimmed write can no longer tell what it delivered: under at_least_once
     it sends those partitions again, under exactly_once it goes by the brokers' markers and refuses once they
     expired too."""
-    # Only writes whose every attempt here is done: a write with an attempt not done (failed, or still running)
-    # may be re-run, and that re-run skips by the proof of all of its partitions, the done ones included.
     attempts = wal.attempts()
+    candidates = trimmable(attempts)
+    if not candidates:
+        return 0
+    sizes = wal.proof_bytes([a.key for a in candidates])
+    chosen = choose_trims(candidates, sizes, wal.holding_payload([a.key for a in candidates]), max_bytes)
+    wal.trim_proof([a.key for a in chosen])
+    if chosen:
+        log.warning("WAL %s: the proof of delivery of %d finished attempt(s) went to keep wal.proofMaxBytes=%d "
+                    "(writes %s): a re-run of these writes sends their partitions again under at_least_once; under "
+                    "exactly_once it goes by the markers, or refuses naming the exact recovery. Raise "
+                    "wal.proofMaxBytes to keep more history", wal.path, len(chosen), max_bytes,
+                    sorted({a.write_id for a in chosen}))
+    return len(chosen)
+
+
+def trimmable(attempts: list[AttemptInfo]) -> list[AttemptInfo]:
+    """The attempts whose proof may go: done, not yet trimmed, of a write whose every attempt here is done. A write
+    with an attempt not done (failed, or still running) may be re-run, and that re-run skips by the proof of all of
+    its partitions, the done ones included."""
     unfinished = {a.write_id for a in attempts if a.state != DONE}
-    finished = [a for a in attempts if not a.trimmed and a.state == DONE and a.write_id not in unfinished]
-    if not finished:
-        return 0
-    sizes = wal.proof_bytes([a.key for a in finished])
-    total = sum(sizes.values())
-    if total <= max_bytes:
-        return 0
-    holding = wal.holding_payload([a.key for a in finished])
-    candidates = sorted((a for a in finished if a.key not in holding), key=_finished_at)
-    total -= sum(sizes[k] for k in holding)
+    return [a for a in attempts if not a.trimmed and a.state == DONE and a.write_id not in unfinished]
+
+
+def choose_trims(candidates: list[AttemptInfo], sizes: dict[str, int], holding: set[str],
+                 max_bytes: int) -> list[AttemptInfo]:
+    """Of the trimmable attempts (with their proof's ``sizes``), those whose proof goes to keep the total under
+    ``max_bytes``: the first done first; one ``holding`` records Kafka never acknowledged neither goes nor counts."""
+    total = sum(sizes[a.key] for a in candidates if a.key not in holding)
     chosen = []
-    for a in candidates:
+    for a in sorted((a for a in candidates if a.key not in holding), key=_finished_at):
         if total <= max_bytes:
             break
         chosen.append(a)
         total -= sizes[a.key]
-    wal.trim_proof([a.key for a in chosen])
-    if chosen:
-        log.warning("WAL %s: the proof of delivery of %d finished attempt(s) went to keep wal.proofMaxBytes=%d "
-                    "(writes %s): a re-run of these writes sends their partitions again under at_least_once, and "
-                    "under exactly_once refuses once the brokers' commit markers expired; raise wal.proofMaxBytes "
-                    "to keep more history", wal.path, len(chosen), max_bytes, sorted({a.write_id for a in chosen}))
-    return len(chosen)
+    return chosen
 
 
 def _finished_at(attempt: AttemptInfo) -> float:

@@ -9,7 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import lmdb
 import pyarrow as pa
@@ -282,26 +282,11 @@ class Wal(Transactions):
         result: list[bool] = []
         counted: Counter[bytes] = Counter()
 
-        def body(txn: lmdb.Transaction) -> None:
-            result.clear()
+        def body(txn: lmdb.Transaction) -> None:  # run again whole if LMDB retries the transaction
+            found, now = claim_copies(digests, partition, proven, taken, _Claims(txn, prefix))
+            result[:] = found
             counted.clear()
-            for d in digests:
-                available = proven.get(d, 0)
-                if not available:
-                    result.append(False)
-                    continue
-                key = prefix + d
-                claims = decode_claims(txn.get(key))
-                others = sum(n for p, n in claims.items() if p != partition)
-                mine = taken[d] + counted[d]
-                if mine < available - others:
-                    counted[d] += 1
-                    if claims.get(partition, 0) < mine + 1:
-                        claims[partition] = mine + 1
-                        txn.put(key, encode_claims(claims))
-                    result.append(True)
-                else:
-                    result.append(False)
+            counted.update(now)
 
         self._write(body)
         taken.update(counted)
@@ -476,6 +461,54 @@ class Wal(Transactions):
 
     def _decode(self, key: bytes, value: bytes, ack_value: bytes | None, payload: bool) -> Segment:
         return decode_segment(f"WAL {self.path}, entry {key.decode()}", value, ack_value, payload)
+
+
+class ClaimBook(Protocol):
+    """Where a run's claims are kept: per record digest, the copies each partition counted."""
+
+    def get(self, digest: bytes) -> dict[int, int]: ...
+
+    def put(self, digest: bytes, claims: dict[int, int]) -> None: ...
+
+
+class _Claims:
+    """A run's claims in one LMDB write transaction."""
+
+    def __init__(self, txn: lmdb.Transaction, prefix: bytes) -> None:
+        self.txn, self.prefix = txn, prefix
+
+    def get(self, digest: bytes) -> dict[int, int]:
+        return decode_claims(self.txn.get(self.prefix + digest))
+
+    def put(self, digest: bytes, claims: dict[int, int]) -> None:
+        self.txn.put(self.prefix + digest, encode_claims(claims))
+
+
+def claim_copies(digests: list[bytes], partition: int, proven: Counter[bytes], taken: Counter[bytes],
+                 book: ClaimBook) -> tuple[list[bool], Counter[bytes]]:
+    """The claim rule (:meth:`Wal.claim`), apart from its storage: per record, whether ``partition`` may count one
+    more of the ``proven`` copies as its own, given what the run's other partitions claimed (``book``) and what this
+    attempt counted before (``taken``); and the copies counted now, which the caller adds to ``taken`` once the
+    claims are stored."""
+    result: list[bool] = []
+    counted: Counter[bytes] = Counter()
+    for d in digests:
+        available = proven.get(d, 0)
+        if not available:
+            result.append(False)
+            continue
+        claims = book.get(d)
+        others = sum(n for p, n in claims.items() if p != partition)
+        mine = taken[d] + counted[d]
+        if mine < available - others:
+            counted[d] += 1
+            if claims.get(partition, 0) < mine + 1:
+                claims[partition] = mine + 1
+                book.put(d, claims)
+            result.append(True)
+        else:
+            result.append(False)
+    return result, counted
 
 
 def open_wal(path: str) -> Wal:
