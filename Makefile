@@ -57,9 +57,14 @@ integration: setup
 
 test: unit integration
 
+# The fault campaign, then the resume plan's long model profile (RESUME_MODEL_EXAMPLES sequences; its seed printed,
+# RESUME_MODEL_SEED replays one).
 chaos: setup
 	$(PYTHON) -m testing.spark --class-archive
 	$(PYTHON) -m testing.chaos.run
+	@seed=$${RESUME_MODEL_SEED:-$$RANDOM$$RANDOM}; echo "resume plan model: $${RESUME_MODEL_EXAMPLES:-20000} sequences, seed $$seed"; \
+	RESUME_MODEL_EXAMPLES=$${RESUME_MODEL_EXAMPLES:-20000} $(PYTHON) -m pytest -q -p no:cacheprovider \
+	  tests/unit/executor/test_resume_plan_model.py --hypothesis-seed=$$seed --hypothesis-show-statistics
 
 bench: setup
 	$(PYTHON) -m bench.run

@@ -21,6 +21,7 @@ from recoverable_sink.executor.resume_plan import Prior, TaskAttempt
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.wal import (
+    DONE,
     LOGGED,
     AttemptInfo,
     Wal,
@@ -81,6 +82,8 @@ class LogOfAttempt(Protocol):
 
     def purge(self, keys: list[str]) -> None: ...
 
+    def committed(self, keys: list[str]) -> None: ...
+
 
 class NoLog:
     """``wal.enabled=false``: nothing is logged, no earlier attempt is known, nothing is proven."""
@@ -130,6 +133,9 @@ class NoLog:
 
     def purge(self, keys: list[str]) -> None:
         """Nothing to purge."""
+
+    def committed(self, keys: list[str]) -> None:
+        """Nothing to mark."""
 
 
 class AttemptLog:
@@ -297,6 +303,13 @@ class AttemptLog:
     def purge(self, keys: list[str]) -> None:
         if keys:
             self.wal.purge(keys)
+
+    def committed(self, keys: list[str]) -> None:
+        """exactly_once: a marker names these attempts, so their transactions committed: mark them done (one killed
+        between its commit and its done would otherwise count as aborted once the brokers expire the marker)."""
+        for key in keys:
+            with suppress(WalError):  # purged meanwhile: nothing left to mark
+                self.wal.set_state(key, DONE)
 
 
 def open_log(options: SinkOptions, ident: TaskIdentity) -> LogOfAttempt:

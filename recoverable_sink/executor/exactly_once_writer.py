@@ -25,7 +25,7 @@ from recoverable_sink.identity import record_digests
 from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.producer.transactions import PartitionTransaction, read_markers, transactional_id
-from recoverable_sink.wal import AttemptInfo
+from recoverable_sink.wal import DONE, AttemptInfo
 
 log = get_logger("writer")
 
@@ -113,7 +113,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             names = [attempt_name(a.key) for a in holders]
             if self.log.key is not None:
                 names.append(attempt_name(self.log.key))
-            self.txn.commit(self.marker_topic, self.txn.committed_records + ledger.acked,
+            self.txn.commit(self.marker_topic, self.resume.committed_records + ledger.acked,
                             final_wait_s(self.options), names, self.log.path, self.fingerprint)
             self.txn.close()
             sent = True
@@ -135,6 +135,7 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
             self.log.finish([], dropped=dropped)
         else:
             self.log.purge([self.log.key, *dropped])
+        self.log.committed([a.key for a in holders if a.state != DONE])
 
     def write(self, raw: pa.RecordBatch) -> None:
         if self.phase is Phase.SKIPPING and raw.num_rows:

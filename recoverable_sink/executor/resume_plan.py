@@ -224,11 +224,17 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
     committed = committed_attempts(e, others)
     trimmed = [p for p in committed if p.trimmed]
     if m is None:
-        # No transaction of this write holds this partition number; earlier runs may hold some of its rows in
-        # other partitions (the rows may be split otherwise now), which only their digests can tell.
+        # No marker: no transaction holds this partition number, or the brokers expired its marker. This run's
+        # attempts of the partition marked done committed all they logged (done comes only after the commit
+        # returned); other runs may hold some of its rows in other partitions (the rows may be split otherwise
+        # now), which only their digests can tell.
+        own_done = [p for p in priors if p.partition == t.partition and p.exactly_once and p.state == DONE
+                    and p not in committed and (t.run is None or p.run == t.run)]
+        trimmed += [p for p in own_done if p.trimmed]
         if trimmed:
             return _refuse_trimmed(e, trimmed)
-        return Send(claim=tuple(committed), overdue=overdue)
+        return Send(resume=tuple(own_done), all_acknowledged=True, claim=tuple(committed), holders=tuple(own_done),
+                    committed_records=sum(p.records for p in own_done), overdue=overdue)
     if m.run is None or t.run is None or m.run == t.run:
         # A retry in the run that committed: resume from the committed attempts if this WAL holds all they hold.
         here = {p.name: p for p in priors if p.partition == t.partition}
