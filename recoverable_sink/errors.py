@@ -55,6 +55,15 @@ class RerunRefusedError(DeliveryError):
     """A re-run's partition cannot be judged against what an earlier run committed; nothing of it was sent."""
 
 
+class DeadlineExceededError(DeliveryError):
+    """A client call that can block did not return within the deadline the sink owns for it (its own timeout plus a
+    margin); its handle is abandoned. ``seconds``: how long the caller waited."""
+
+    def __init__(self, message: str, seconds: float = 0.0) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+
+
 class FatalProducerError(DeliveryError):
     """The producer cannot go on (idempotence or transaction state lost; under exactly_once most often: another
     attempt of the partition fenced this one). The task fails; what was acknowledged is checkpointed."""

@@ -26,15 +26,18 @@ changed), it sends the rest where this host's WAL has the committed attempts' di
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.errors import DeliveryError, transaction_problem
+from recoverable_sink.deadlines import MARGIN_S, within
+from recoverable_sink.errors import DeadlineExceededError, DeliveryError, transaction_problem
 from recoverable_sink.identity import Fingerprint
 from recoverable_sink.options import SinkOptions, client_config, short_lived
 from recoverable_sink.producer.ledger import delivery_timeout_s
@@ -47,6 +50,8 @@ log = get_logger("transactions")
 # How long a new transactional producer waits for a first broker (at most half of init_transactions' time
 # limit) before init_transactions is called anyway.
 _CONNECT_WAIT_S = 10.0
+
+T = TypeVar("T")
 
 
 _admins: dict[tuple[tuple[str, str], ...], AdminClient] = {}
@@ -151,10 +156,16 @@ class PartitionTransaction:
             # within what is left of the same time limit.
             limit = _init_timeout_s(self.options)
             started = time.monotonic()
-            reason = self.producer.connect(min(_CONNECT_WAIT_S, limit / 2), topic)
+            producer = self.producer
+            connect_s = min(_CONNECT_WAIT_S, limit / 2)
+            reason = self._within(lambda: producer.connect(connect_s, topic), "connecting", connect_s,
+                                  f"half of init_transactions' {limit:.0f} s, from kafka.delivery.timeout.ms",
+                                  "a broker's metadata answer")
             if reason is not None:
                 log.info("%s: no broker answered yet (%s); init_transactions waits for one", self.where, reason)
-            self.producer.init_transactions(limit - (time.monotonic() - started))
+            left = limit - (time.monotonic() - started)
+            self._within(lambda: producer.init_transactions(left), "init_transactions", left,
+                         f"init_transactions' {limit:.0f} s, from kafka.delivery.timeout.ms", self._coordinator)
         except KafkaException as exc:
             # A producer left to the garbage collector would go on asking for a producer id, and once the
             # coordinator answered it would fence the next attempt under the same transactional.id.
@@ -221,9 +232,13 @@ class PartitionTransaction:
         assert self.producer is not None
         metadata = Marker(write_id=self.write_id, partition=self.partition, topic=marker_topic, records=records,
                           attempts=tuple(attempts), run=self.run, fingerprint=fingerprint, wal=wal).encode()
+        producer, limit = self.producer, min(timeout_s, self.call_limit_s)
         try:
-            self.producer.send_marker(self.txn_id, marker_topic, 0, records, metadata, 60)
-            self.producer.commit_transaction(timeout_s)
+            self._within(lambda: producer.send_marker(self.txn_id, marker_topic, 0, records, metadata, limit),
+                         "send_offsets_to_transaction (the commit marker)", limit, self._bound_by,
+                         f"the group coordinator of {self.txn_id}")
+            self._within(lambda: producer.commit_transaction(limit), "commit_transaction", limit, self._bound_by,
+                         self._coordinator)
             self.in_transaction = False
         except KafkaException as exc:
             raise self.fail(exc, "committing the transaction") from None
@@ -232,16 +247,48 @@ class PartitionTransaction:
         """Best effort: abort the open transaction (a later init_transactions would abort it anyway)."""
         if self.producer is None:
             return
+        producer = self.producer
         try:
             if self.in_transaction:
-                self.producer.purge()
-                self.producer.abort_transaction(10)
+                producer.purge()
+                self._within(lambda: producer.abort_transaction(10), "abort_transaction", 10,
+                             "abort_transaction's 10 s", self._coordinator)
+        except DeadlineExceededError as exc:
+            log.warning("%s: %s", self.where, exc)
         except KafkaException as exc:
             log.info("%s: abort_transaction: %s (the next attempt's init_transactions aborts it)", self.where,
                      self.options.scrub(str(exc)))
         finally:
             self.in_transaction = False
             self.close()
+
+    @property
+    def _coordinator(self) -> str:
+        return f"the transaction coordinator of transactional.id {self.txn_id}"
+
+    @property
+    def call_limit_s(self) -> float:
+        """How long one transaction call (the marker, the commit) may take: the delivery timeout, and never past the
+        transaction timeout, after which the brokers abort the transaction anyway."""
+        return min(delivery_timeout_s(self.options),
+                   int(self.options.producer_config()["transaction.timeout.ms"]) / 1000)
+
+    @property
+    def _bound_by(self) -> str:
+        conf = self.options.producer_config()
+        return (f"kafka.delivery.timeout.ms={conf.get('delivery.timeout.ms')}, kafka.transaction.timeout.ms="
+                f"{conf['transaction.timeout.ms']}")
+
+    def _within(self, call: Callable[[], T], what: str, limit_s: float, bound_by: str, waiting_on: str) -> T:
+        """A transaction call under its deadline (:func:`recoverable_sink.deadlines.within`); past it the producer is
+        abandoned and this transaction makes no more calls."""
+        try:
+            return within(call, f"{self.where}: {what}", limit_s, bound_by, waiting_on, handle=self.producer,
+                          next_step="the task fails now; Spark retries it, and the retry's init_transactions fences "
+                                    "the stuck transaction (the brokers abort it)")
+        except DeadlineExceededError:
+            self.producer, self.in_transaction = None, False
+            raise
 
     def close(self) -> None:
         if self.producer is not None:
@@ -302,8 +349,10 @@ def read_markers(options: SinkOptions, group: str, topics: list[str] | None,
                  fail: Callable[[KafkaException, str], Exception] | None = None) -> list[Marker]:
     """The markers committed in one marker group (one per topic a marker was committed for; ``topics``: only
     those topics' markers)."""
+    limit = _init_timeout_s(options)
     try:
-        offsets = group_offsets(options, group, topics, _init_timeout_s(options))
+        offsets = within(lambda: group_offsets(options, group, topics, limit), f"reading the commit marker of {group}",
+                         limit, f"{limit:.0f} s, from kafka.delivery.timeout.ms", f"the group coordinator of {group}")
     except KafkaException as exc:
         if fail is None:
             raise
@@ -320,8 +369,11 @@ def delete_markers(options: SinkOptions, groups: list[str]) -> int:
     deleted = 0
     for group, future in admin.delete_consumer_groups(groups, request_timeout=30).items():
         try:
-            future.result()
+            future.result(timeout=30 + MARGIN_S)  # past the request's own timeout: a reply that never came
             deleted += 1
+        except concurrent.futures.TimeoutError:
+            log.warning("could not delete commit marker group %s: no answer within %g s (it expires with the "
+                        "brokers' offsets.retention.minutes)", group, 30 + MARGIN_S)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.GROUP_ID_NOT_FOUND:
                 log.warning("could not delete commit marker group %s: %s (it expires with the brokers' "

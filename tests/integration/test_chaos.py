@@ -17,9 +17,9 @@ from testing.chaos.scenarios import ALO, EO, SCENARIOS
 _EO_IN_SUITE = {"1b", "2", "5", "12", "13", "14", "15", "16", "19", "22", "23"}
 _ALO_ONLY_IN_CAMPAIGN = {"15", "16"}
 # The 200-micro-batch stream takes minutes: the campaign runs it, the suite a 16-batch one (test_exactly_once);
-# test_cut_short is the suite's 17 and 18, test_field_faults its 21, test_reruns the batch form of 22; 19, 22 and
-# 23 run under exactly_once.
-_CAMPAIGN_ONLY = {"17", "18", "19", "20", "21", "22", "23"}
+# test_cut_short is the suite's 17 and 18, test_field_faults its 21, test_reruns the batch form of 22, test_deadlines
+# its 24; 19, 22 and 23 run under exactly_once.
+_CAMPAIGN_ONLY = {"17", "18", "19", "20", "21", "22", "23", "24"}
 _CASES = [(s, ALO) for s in SCENARIOS if ALO in s.modes and s.id not in _ALO_ONLY_IN_CAMPAIGN | _CAMPAIGN_ONLY] + \
          [(s, EO) for s in SCENARIOS if EO in s.modes and s.id in _EO_IN_SUITE]
 

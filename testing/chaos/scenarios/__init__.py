@@ -11,6 +11,7 @@ independent checker counted: lost (never landed), duplicated (landed twice), err
     upstream   failures upstream of the sink's writer (17, 18, 19)
     retention  broker state of a long stream, WAL retention sweeps (20, 21)
     reruns     a failed micro-batch re-run on another partitioning, a zombie driver (22, 23)
+    silence    brokers that stop answering at a task's commit (24)
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from testing.chaos.scenarios.executor import (
 from testing.chaos.scenarios.inputs import bad_inputs, security
 from testing.chaos.scenarios.reruns import stream_rerun_repartitioned, zombie_driver
 from testing.chaos.scenarios.retention import long_stream_broker_state, sweep_while_running
+from testing.chaos.scenarios.silence import silenced_commit
 from testing.chaos.scenarios.stream import (
     stream_driver_kill,
     stream_driver_kill_random,
@@ -97,4 +99,7 @@ SCENARIOS: list[Scenario] = [
     # A zombie frozen mid-send goes on sending under at_least_once (repeats, never loss); exactly_once fences it.
     Scenario("23", "23. A zombie driver frozen as a micro-batch starts, resumed after another ran the query",
              zombie_driver, False),
+    # at_least_once: a record whose acknowledgement the proxy swallowed was stored, and is sent again.
+    Scenario("24", "24. Coordinators or leaders stop answering at a random point of a task's commit (3 brokers)",
+             silenced_commit, False),
 ]
