@@ -83,8 +83,11 @@ matrix: setup
 
 # In build/dist/: the sdist, manylinux2014 abi3 wheels for x86_64 and aarch64 (zig from PyPI cross-compiles them),
 # and the spark-submit --py-files zip.
-dist: setup
-	$(PYTHON) -m tools.dist
+# Needs only Python, a C compiler and the build tools (installed into build/dist-venv on first use): not make setup.
+DIST_VENV := build/dist-venv
+dist:
+	@test -x $(DIST_VENV)/bin/python || $(PY) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m tools.dist
 
 lint: setup
 	$(PYTHON) -m ruff check .

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from testing.chaos.checker import ids_in_topic, verdict
@@ -51,15 +52,47 @@ def resolve_bootstrap() -> str:
     return ensure_local()
 
 
+INTRO = """\
+recoverable_kafka demo: what happens to Kafka records when a Spark task's Python worker dies mid-write.
+
+The same {rows:,} records are written three times, each time to a fresh topic: by Spark's own format("kafka"),
+then by format("recoverable_kafka") at_least_once and exactly_once. In every write, the Python worker of each
+task's first attempt is killed (SIGKILL, as an out-of-memory kill would) once it has passed {kill:.0%} of its
+partition; Spark retries the task. An independent read_committed consumer then counts what each topic holds.
+Spark's own log, with the stack traces of the deliberate kills, goes to {log}.
+"""
+
+
+def _spark_log_to_file(path: Path) -> None:
+    """Send this process's standard error, which the Spark JVM and its Python workers inherit, to ``path``: the
+    deliberate kills print pages of stack traces there. The demo's own lines go to standard output."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _kills(since: set[str]) -> list[str]:
+    """The kill marks the workers left (one per killed first attempt) that are not in ``since``."""
+    return sorted(p.name for p in (DEMO_DIR / "kills").glob("*") if p.name not in since)
+
+
 def main() -> int:
     rows = int(os.environ.get("DEMO_ROWS", "200000"))
+    log_file = DEMO_DIR / "spark.log"
+    print(INTRO.format(rows=rows, kill=KILL_AT, log=log_file.relative_to(REPO)), flush=True)
     bootstrap = resolve_bootstrap()
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
+    _spark_log_to_file(log_file)
+    (DEMO_DIR / "kills").mkdir(parents=True, exist_ok=True)
+    print("starting Spark (local[2,4]: two cores, up to 4 attempts per task) ...", flush=True)
     spark = local_spark("recoverable-kafka-demo", **{"spark.sql.execution.arrow.maxRecordsPerBatch": "2000"})
+    spark.sparkContext.setLogLevel("ERROR")
 
     per_partition = rows // 4
 
@@ -69,6 +102,7 @@ def main() -> int:
         ctx, passed = TaskContext.get(), 0
         for batch in batches:
             if ctx is not None and ctx.attemptNumber() == 0 and passed >= KILL_AT * per_partition:
+                (DEMO_DIR / "kills" / f"stage{ctx.stageId()}-partition{ctx.partitionId()}").touch()
                 os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-partition, as an OOM kill would do it
             passed += batch.num_rows
             yield batch.set_column(1, "value", pc.utf8_upper(batch.column(1)))
@@ -88,8 +122,8 @@ def main() -> int:
     for name, configure in writes.items():
         topic = f"{run}-{len(results)}"
         create_topic(bootstrap, topic, partitions=4)  # the cluster's default replication factor
-        print(f"{name}: writing {rows:,} records to {topic}, each first attempt's Python worker killed at "
-              f"{KILL_AT:.0%} of its partition ...", flush=True)
+        print(f"{name}: writing {rows:,} records to topic {topic} ...", flush=True)
+        before = set(_kills(set()))
         started = time.monotonic()
         try:
             configure(df.write).option("kafka.bootstrap.servers", bootstrap).option("topic", topic) \
@@ -98,6 +132,10 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - shown in the table
             error = str(exc).splitlines()[0][:120]
         seconds = time.monotonic() - started
+        killed = _kills(before)
+        print(f"  killed {len(killed)} Python worker(s) mid-partition ({', '.join(k.split('-')[1] for k in killed)}); "
+              f"Spark retried {'those tasks' if killed else 'nothing'}; "
+              + (f"the write failed: {error}" if error else f"the write finished in {seconds:.1f} s"), flush=True)
         found: Counter[str] = ids_in_topic(bootstrap, topic, expected=rows)
         lost, duplicated, _ = verdict((str(i) for i in range(rows)), found)
         results.append((name, sum(found.values()), lost, duplicated, seconds, error))

@@ -93,6 +93,7 @@ _SENSITIVE_LOOKING = re.compile(r"password|secret|jaas|token|credential|passphra
 
 _SINK_OPTIONS = {
     "topic",
+    "topic.mustexist",
     "wal.path",
     "wal.maxbytes",
     "wal.enabled",
@@ -165,6 +166,8 @@ class SinkOptions:
 
     producer_items: tuple[tuple[str, str], ...]
     topic: str | None = None
+    # A missing topic fails the write even where the brokers auto-create topics (default: created as they would).
+    topic_must_exist: bool = False
     wal_path: str | None = None
     wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES
     wal_enabled: bool = True
@@ -461,6 +464,7 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     return SinkOptions(
         producer_items=tuple(sorted(conf.items())),
         topic=topic,
+        topic_must_exist=_parse_bool("topic.mustExist", lowered.get("topic.mustexist", "false")),
         wal_path=lowered.get("wal.path") or None,
         wal_max_bytes=parse_size("wal.maxBytes", lowered.get("wal.maxbytes", str(DEFAULT_WAL_MAX_BYTES))),
         wal_enabled=_parse_bool("wal.enabled", lowered.get("wal.enabled", "true")),

@@ -4,7 +4,8 @@ with no compiler), and the zip for ``spark-submit --py-files`` (the sink's pure-
 
 The wheels are built from the sdist, cross-compiled by zig (PyPI's ``ziglang``) against glibc 2.17, checked by
 ``abi3audit`` (the stable-ABI claim) and ``auditwheel show`` (manylinux2014), then given that platform tag; the
-build tools are installed into this virtualenv on first use.
+build tools are installed into this virtualenv on first use (``make dist`` makes one of its own, build/dist-venv,
+holding only them: no JDK, Maven, jars or test packages are needed to build a wheel).
 
     python -m tools.dist [--out build/dist] [--arch x86_64 --arch aarch64]   # prints the artifact paths
 """
@@ -43,9 +44,10 @@ class Wheel:
 
 
 def version() -> str:
-    from importlib.metadata import version as installed
+    """The project's version, from pyproject.toml: make dist needs the sink neither installed nor importable."""
+    import tomllib
 
-    return installed("recoverable-sink")  # make dist runs in the project's virtualenv, where it is installed
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
 
 
 def ensure_tools() -> None:

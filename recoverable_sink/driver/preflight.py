@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import time
 from contextlib import suppress
 
@@ -14,8 +15,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from recoverable_sink._logging import get_logger
+from recoverable_sink.deadlines import within
 from recoverable_sink.errors import OptionError, transaction_problem
 from recoverable_sink.options import DEFAULT_BATCH_SIZE, SinkOptions, client_config, short_lived
+from recoverable_sink.producer.topics import create_as_brokers_would
 
 log = get_logger("preflight")
 
@@ -116,6 +119,24 @@ def _connect_problem(err: KafkaError, options: SinkOptions) -> str | None:
     return None
 
 
+def refusing(bootstrap: str, timeout_s: float = 2.0) -> list[str]:
+    """The bootstrap addresses, if every one of them refuses a TCP connection at once (nothing listens there: a
+    typo, or brokers that are down); empty if any accepts or does not answer (left to the metadata wait)."""
+    refused = []
+    for address in (a.strip() for a in bootstrap.split(",")):
+        if not address:
+            continue
+        host, _, port = address.rsplit("://", 1)[-1].rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return []
+        except ConnectionRefusedError:
+            refused.append(address)
+        except (OSError, ValueError):
+            return []
+    return refused
+
+
 def _metadata(producer: Producer, options: SinkOptions, errors: list[KafkaError]) -> ClusterMetadata:
     deadline = time.monotonic() + options.preflight_timeout_s
     while True:
@@ -127,6 +148,11 @@ def _metadata(producer: Producer, options: SinkOptions, errors: list[KafkaError]
             for err in errors:
                 if (problem := _connect_problem(err, options)) is not None:
                     raise OptionError(problem) from None
+            if refused := refusing(options.bootstrap_servers):
+                raise OptionError(
+                    f"kafka.bootstrap.servers={options.bootstrap_servers}: every address refused the connection "
+                    f"({', '.join(refused)}): nothing listens there; check the host names and ports, and that the "
+                    "brokers are up") from None
             if time.monotonic() >= deadline:
                 cause = errors[-1] if errors else exc.args[0]
                 raise OptionError(
@@ -181,10 +207,13 @@ def check_cluster(options: SinkOptions, questions: TopicQuestions | None = None)
                         f"option topic={options.topic}: the brokers do not let this principal see the topic "
                         f"(TOPIC_AUTHORIZATION_FAILED); grant it DESCRIBE and WRITE on topic {options.topic}")
                 reason = topic.error.str() if topic is not None and topic.error is not None else "not in metadata"
-                raise OptionError(
-                    f"option topic={options.topic}: the topic does not exist or is not accessible ({reason}); "
-                    "create it first (the sink does not rely on broker auto-creation)"
-                )
+                why = "topic.mustExist=true" if options.topic_must_exist else \
+                    create_as_brokers_would(options, options.topic, options.preflight_timeout_s)
+                if why is not None:
+                    raise OptionError(
+                        f"option topic={options.topic}: the topic does not exist or is not accessible ({reason}), and "
+                        f"{why}: create it first, or check its name")
+
             _check_write_allowed(options, questions)
         if not metadata.cluster_id:
             raise OptionError(f"kafka.bootstrap.servers={options.bootstrap_servers} did not report a cluster id; "
@@ -296,7 +325,9 @@ def check_transactions(options: SinkOptions) -> None:
         with suppress(KafkaException):
             producer.list_topics(timeout=timeout_s)
         try:
-            producer.init_transactions(timeout_s)
+            within(lambda: producer.init_transactions(timeout_s), "the driver's init_transactions probe", timeout_s,
+                   f"preflight.timeoutMs={int(timeout_s * 1000)}", f"the transaction coordinator of {probe}",
+                   handle=producer, next_step="the write fails before any task runs")
         except KafkaException as exc:
             problem = transaction_problem(exc.args[0], "init_transactions", probe)
             raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None
@@ -307,7 +338,9 @@ def check_transactions(options: SinkOptions) -> None:
     from recoverable_sink.producer.transactions import group_offsets
 
     try:
-        group_offsets(options, probe, [options.topic] if options.topic else None, timeout_s)
+        within(lambda: group_offsets(options, probe, [options.topic] if options.topic else None, timeout_s),
+               "the driver's marker read probe", timeout_s, f"preflight.timeoutMs={int(timeout_s * 1000)}",
+               f"the group coordinator of {probe}", next_step="the write fails before any task runs")
     except KafkaException as exc:
         problem = transaction_problem(exc.args[0], "reading the commit marker group", probe)
         raise OptionError(f"delivery.guarantee=exactly_once: {options.scrub(problem)}") from None

@@ -63,6 +63,7 @@ from recoverable_sink.options import SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.pool import producers
 from recoverable_sink.producer.protocol import SinkProducer
+from recoverable_sink.producer.topics import create_as_brokers_would
 
 log = get_logger("writer")
 
@@ -98,17 +99,25 @@ def final_wait_s(options: SinkOptions) -> float:
 class _Partitions:
     """Partition counts of the topics a batch names, from the cluster's metadata, asked once per topic."""
 
-    def __init__(self, producer: SinkProducer, where: str) -> None:
+    def __init__(self, producer: SinkProducer, where: str, options: SinkOptions) -> None:
         self.producer = producer
         self.where = where
+        self.options = options
         self.counts: dict[str, int] = {}
 
     def __call__(self, topic: str) -> int:
         if topic not in self.counts:
             count, reason = self.producer.partition_count(topic, 30)
             if reason is not None:
-                raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}); "
-                                  "create it first (the sink does not rely on broker auto-creation)")
+                # A topic column's topic: created as the brokers would auto-create it, unless topic.mustExist.
+                why = "topic.mustExist=true" if self.options.topic_must_exist else \
+                    create_as_brokers_would(self.options, topic, 30)
+                if why is not None:
+                    raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}), "
+                                      f"and {why}: create it first, or check its name")
+                count, reason = self.producer.partition_count(topic, 30)
+                if reason is not None:
+                    raise RecordError(f"{self.where}: topic {topic} was created but is not accessible ({reason})")
             self.counts[topic] = count
         return self.counts[topic]
 
@@ -186,7 +195,7 @@ class AtLeastOnceWriter:
         self.producer = self._open_producer()
         try:
             self.producer.ledger = self.ledger  # its failure reports come here
-            self.partitions = _Partitions(self.producer, self.where)
+            self.partitions = _Partitions(self.producer, self.where, self.options)
             self.log = open_log(self.options, self.ident)
             self.phase = self._recover()
             if self.phase is Phase.WRITING:

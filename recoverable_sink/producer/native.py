@@ -7,6 +7,8 @@ time; :func:`native_module` says once per process which producer path runs and w
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,9 +46,10 @@ def native_module() -> Any:
         try:
             from recoverable_sink import _produce  # optional, like the digests
         except ImportError as exc:
-            log.warning("the native produce loop is not available in this Python (%s: the package was installed "
-                        "without its C extension, e.g. from --py-files or without a C compiler); producing "
-                        "through confluent-kafka, which is slower", exc)
+            if _first_in_executor("no-native-produce"):
+                log.info("the sink runs without its C produce loop here (%s), as expected from a --py-files zip "
+                         "or an install without a C compiler: records go through confluent-kafka's produce(), "
+                         "with the same guarantees, somewhat slower; install the wheel for the faster path", exc)
             _native.append(None)
         else:
             path = _librdkafka_path()
@@ -60,6 +63,19 @@ def native_module() -> Any:
                 log.info("producing through the native produce loop (librdkafka %s from %s)", version, path)
                 _native.append(_produce)
     return _native[0]
+
+
+def _first_in_executor(what: str) -> bool:
+    """True once per Spark executor (its Python workers are forked from one daemon, their parent) and per process
+    elsewhere: a flag file named for the parent, made atomically in the temporary directory."""
+    flag = Path(tempfile.gettempdir()) / f"recoverable-sink-{what}-{os.getuid()}-{os.getppid()}"
+    try:
+        with open(flag, "x"):
+            return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
 
 
 class NativeProducer:

@@ -56,6 +56,22 @@ def kafka3() -> Iterator[KafkaCluster]:
     yield from _cluster("three", 3)
 
 
+@pytest.fixture(scope="session")
+def kafka_defaults() -> Iterator[KafkaCluster]:
+    """A broker that auto-creates topics (Apache Kafka's default, which the session broker turns off so that a
+    misspelt topic fails), started only when a test asks for it."""
+    root = TEST_KAFKA / "defaults"
+    if root.exists():
+        KafkaCluster(root, 1).wipe()
+    shutil.rmtree(root, ignore_errors=True)
+    cluster = KafkaCluster(root, 1, broker_props={"auto.create.topics.enable": "true"})
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop(timeout_s=20)
+
+
 @pytest.fixture
 def new_topic(kafka: KafkaCluster) -> Callable[..., str]:
     """``new_topic(partitions=1, **config) -> name``: a fresh, uniquely named topic on the session broker."""

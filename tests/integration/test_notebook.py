@@ -1,9 +1,7 @@
 """notebooks/quickstart.ipynb runs top to bottom as it is (nbclient, a python3 kernel on this interpreter, started
-outside the repository) against the session's broker: both delivery modes and a stream, every topic read back
-through Spark's Kafka source with read_committed. The kernel gets what a user's machine would have: the broker's
-address (KAFKA_BOOTSTRAP), and the Kafka connector as local jars (SPARK_KAFKA_JARS: this machine's Maven index
-lacks the connector's dependencies that spark.jars.packages would fetch), the WAL directory the sink reads from
-RECOVERABLE_KAFKA_WAL_PATH."""
+outside the repository) against the session's broker: both delivery modes and a stream, every topic read back as a
+read_committed consumer. The kernel gets what a user's machine would have: the broker's address
+(KAFKA_BOOTSTRAP) and the WAL directory the sink reads from RECOVERABLE_KAFKA_WAL_PATH; no connector, no jars."""
 
 from __future__ import annotations
 
@@ -15,7 +13,6 @@ import pytest
 from nbclient import NotebookClient
 
 from testing.kafka_local import REPO, KafkaCluster
-from testing.spark import connector_jars
 
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
 
@@ -37,7 +34,6 @@ def venv_kernel(tmp_path, monkeypatch) -> str:
 
 def test_quickstart_notebook_runs(kafka: KafkaCluster, venv_kernel: str, tmp_path, monkeypatch):
     monkeypatch.setenv("KAFKA_BOOTSTRAP", kafka.bootstrap_servers)
-    monkeypatch.setenv("SPARK_KAFKA_JARS", connector_jars())
     monkeypatch.setenv("RECOVERABLE_KAFKA_WAL_PATH", str(tmp_path / "wal"))
     for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH"):  # the notebook sets what it needs
         monkeypatch.delenv(name, raising=False)

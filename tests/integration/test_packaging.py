@@ -122,7 +122,18 @@ def test_spark_submit_with_py_files_and_no_register_call(kafka, new_topic, tmp_p
     assert out["native_producer"] is False  # and confluent-kafka's produce() sent every record
 
 
-def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(dist, kafka, new_topic, tmp_path):
+def readme_quickstart(bootstrap: str, checkpoint: Path) -> str:
+    """The README's Quickstart code as a user pastes it (the first python block of its Quickstart section), aimed at
+    ``bootstrap`` instead of 127.0.0.1:9092 and with its checkpoint under ``checkpoint``."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "127.0.0.1:9092" in code and "/tmp/events-checkpoint" in code
+    return code.replace("127.0.0.1:9092", bootstrap).replace("/tmp/events-checkpoint", str(checkpoint))
+
+
+def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(dist, kafka, kafka_defaults, new_topic,
+                                                                               tmp_path):
     """pip install of the x86_64 manylinux abi3 wheel alone, into another Python than the one that built it, that
     already holds pyspark 4.3, keeps that pyspark (the sink caps none of its dependencies) and is enough:
     spark-submit finds format("recoverable_kafka"), and the tasks import the sink, with its C extensions, from that
@@ -149,6 +160,15 @@ def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(d
     cli = subprocess.run([str(venv / "bin/recoverable-kafka-wal"), "list", "--path", str(tmp_path / "wal"), "--json"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert cli.returncode == 0, cli.stderr
+    # The README's Quickstart, as pasted, by that Python outside the repository (no PYSPARK_* set: it sets its own),
+    # on a broker with default settings, where its topic does not exist yet.
+    (tmp_path / "quickstart.py").write_text(readme_quickstart(kafka_defaults.bootstrap_servers,
+                                                              tmp_path / "checkpoint"))
+    pasted = subprocess.run([str(venv / "bin/python"), "quickstart.py"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600, env={k: v for k, v in env.items() if not k.startswith("PYSPARK_")})
+    assert pasted.returncode == 0, pasted.stderr[-4000:]
+    read_back = [line for line in pasted.stdout.splitlines() if line.endswith("records read back")]
+    assert read_back and int(read_back[-1].split()[0]) >= 2000, pasted.stdout[-2000:]
 
 
 def test_the_wheel_installed_beside_pyspark_4_0_keeps_it(dist, tmp_path):

@@ -43,7 +43,7 @@ def bad_inputs(lab: Lab, rng: random.Random, n: int) -> Trial:
     case("partition out of range", [value, "CAST(id AS INT) AS partition"], "record 2: partition 2 is out of range")
     case("record larger than message.max.bytes", [f"CASE WHEN id = 4 THEN {long_value} ELSE 'v' END AS value"],
          r"record 4: key+value with the record framing is 20036 bytes", **{"kafka.message.max.bytes": "10000"})
-    case("unreachable bootstrap servers", [value], "cannot reach kafka.bootstrap.servers=127.0.0.1:1",
+    case("unreachable bootstrap servers", [value], "kafka.bootstrap.servers=127.0.0.1:1: every address refused",
          bootstrap="127.0.0.1:1", **{"preflight.timeoutMs": "2000"})
     case("malformed kafka.* option", [value], "kafka.linger.ms is not valid", **{"kafka.linger.ms": "soon"})
     (d / "file").write_text("x")
