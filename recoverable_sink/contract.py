@@ -5,7 +5,7 @@ Driver-side modules (``summary``, ``batch``, ``stream``) import this, never the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -17,13 +17,27 @@ from recoverable_sink.runs import new_run_id as new_run_id
 @dataclass(frozen=True)
 class TaskIdentity:
     """Who is writing: the WAL identity of a partition is (write id, partition); ``attempt`` tells retries
-    apart. ``kind`` is ``"batch"`` or ``"stream"``; ``extra`` lands in the attempt's WAL metadata."""
+    apart. ``kind`` is ``"batch"`` or ``"stream"``. The rest comes from Spark's task context and the driver-side
+    writer, and lands in the attempt's WAL record: ``run`` (one driver-side writer; None for a writer driven
+    outside Spark), Spark's ``task_attempt_id`` (ordered within one run) and ``stage``, a stream's ``query_id`` and
+    ``batch_id``, and whether the write id was ``generated`` (never re-run)."""
 
     write_id: str
     partition: int
     attempt: int
     kind: str = "batch"
-    extra: dict[str, object] = field(default_factory=dict)
+    run: str | None = None
+    task_attempt_id: int | None = None
+    stage: int | None = None
+    query_id: str | None = None
+    batch_id: int | None = None
+    generated: bool = False
+
+    def wal_fields(self) -> dict[str, object]:
+        """What the attempt's WAL record keeps of this identity (the fields that are set)."""
+        fields = {"run": self.run, "task_attempt_id": self.task_attempt_id, "stage": self.stage,
+                  "query_id": self.query_id, "batch_id": self.batch_id}
+        return {k: v for k, v in fields.items() if v is not None} | ({"generated": True} if self.generated else {})
 
     @property
     def retry(self) -> bool:
@@ -36,7 +50,10 @@ class TaskIdentity:
         """What a partition's transactional id (and marker group) is shared across under exactly_once: every
         micro-batch of a streaming query, so their number on the brokers does not grow with the query's length;
         a batch write's own id otherwise."""
-        return str(self.extra["query_id"]) if self.kind == "stream" else self.write_id
+        if self.kind != "stream":
+            return self.write_id
+        assert self.query_id is not None, "a micro-batch's task has its query id"
+        return self.query_id
 
     @property
     def where(self) -> str:

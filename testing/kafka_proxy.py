@@ -48,22 +48,14 @@ class ReplyGate:
         with self._lock:
             lost = [c for c in self._conns if c[2][0]]
         for client, upstream, _ in lost:
-            for s in (client, upstream):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            _close(client, upstream)
 
     def close(self) -> None:
         self._stop.set()
         self._server.close()
         with self._lock:
             for client, upstream, _ in self._conns:
-                for s in (client, upstream):
-                    try:
-                        s.close()
-                    except OSError:
-                        pass
+                _close(client, upstream)
 
     def _accept(self) -> None:
         while not self._stop.is_set():
@@ -100,13 +92,17 @@ class ReplyGate:
         except (OSError, ValueError):
             return
         finally:
-            for s in (client, upstream):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            _close(client, upstream)
             with self._lock:
                 self._conns = [c for c in self._conns if c[0] is not client]
+
+
+def _close(*sockets: socket.socket) -> None:
+    for s in sockets:
+        try:
+            s.close()
+        except OSError:
+            pass
 
 
 class GatedCluster(KafkaCluster):

@@ -46,8 +46,8 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         ctx = TaskContext.get()
         assert ctx is not None, "write() runs inside a Spark task"
         ident = TaskIdentity(write_id=self.write_id, partition=ctx.partitionId(), attempt=ctx.attemptNumber(),
-                             kind="batch", extra={"stage": ctx.stageId(), "task_attempt_id": ctx.taskAttemptId(),
-                                                   "run": self.run_id, "generated": self.options.write_id is None})
+                             kind="batch", stage=ctx.stageId(), task_attempt_id=ctx.taskAttemptId(), run=self.run_id,
+                             generated=self.options.write_id is None)
         with sentence_first():
             return write_partition(iterator, self.options, self.plan, ident, self.cluster_id,
                                    input_end=how_input_ended)

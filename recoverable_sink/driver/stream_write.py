@@ -64,8 +64,7 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
         batch = int(batch_id)
         ident = TaskIdentity(write_id=stream_write_id(query_id, batch), partition=ctx.partitionId(),
                              attempt=ctx.attemptNumber(), kind="stream",
-                             extra={"query_id": query_id, "batch_id": batch, "task_attempt_id": ctx.taskAttemptId(),
-                                    "run": self.run_id})
+                             query_id=query_id, batch_id=batch, task_attempt_id=ctx.taskAttemptId(), run=self.run_id)
         message = write_partition(iterator, self.options, self.plan, ident, self.cluster_id, input_end=how_input_ended)
         message.query_id = query_id
         return message

@@ -169,7 +169,8 @@ class AttemptLog:
         return cls(wal, options, wal.prior_attempts(ident.write_id, ident.partition))
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
-        self.key = self.wal.begin_attempt(ident.write_id, ident.partition, ident.attempt, {**ident.extra, **meta})
+        self.key = self.wal.begin_attempt(ident.write_id, ident.partition, ident.attempt,
+                                          {**ident.wal_fields(), **meta})
 
     def write_priors(self, task: TaskAttempt) -> tuple[Prior, ...]:
         """The write's attempts in this WAL, any partition, this one's excepted (also kept as :attr:`priors`, its

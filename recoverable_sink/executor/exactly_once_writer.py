@@ -41,9 +41,8 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
 
     def _open_producer(self) -> SinkProducer:
         self.committed = []
-        run = self.ident.extra.get("run")
         self.txn = PartitionTransaction(self.options, self.ident.write_id, self.ident.partition, self.where,
-                                        self.ident.transaction_scope, run if isinstance(run, str) else None)
+                                        self.ident.transaction_scope, self.ident.run)
         self.found = self.txn.open(self.plan.topic_option)
         assert self.txn.producer is not None
         return self.txn.producer

@@ -43,7 +43,8 @@ class EarlierRuns:
     def __init__(self, wal: Wal, ident: TaskIdentity, proven: DeliveredSet) -> None:
         self.wal = wal
         self.write_id = ident.write_id
-        self.run = str(ident.extra["run"])
+        assert ident.run is not None, "claims are a run's"
+        self.run = ident.run
         self.partition = ident.partition
         self.proven: Counter[bytes] = proven.acked
         self.taken: Counter[bytes] = Counter()
@@ -68,8 +69,8 @@ def settle_micro_batches(wal: Wal, ident: TaskIdentity) -> None:
     (:class:`StaleAttemptError`) if a later micro-batch of the query began here, else release the earlier ones'
     logs. Spark starts batch N+1 only once batch N is in the query's commit log, so a task of batch N that finds
     one is a zombie's (a driver that the query moved past), and whatever it sent would repeat records."""
-    query_id, batch = ident.extra.get("query_id"), ident.extra.get("batch_id")
-    if ident.kind != "stream" or not isinstance(query_id, str) or not isinstance(batch, int):
+    query_id, batch = ident.query_id, ident.batch_id
+    if ident.kind != "stream" or query_id is None or batch is None:
         return
     attempts = micro_batch_attempts(wal, query_id)
     task = TaskAttempt(write_id=ident.write_id, partition=ident.partition, run=None, exactly_once=False,

@@ -231,13 +231,10 @@ class AtLeastOnceWriter:
 
     def _task(self) -> TaskAttempt:
         """This attempt as the resume plan sees it."""
-        extra = self.ident.extra
-        run, tid, batch = extra.get("run"), extra.get("task_attempt_id"), extra.get("batch_id")
-        return TaskAttempt(write_id=self.ident.write_id, partition=self.ident.partition,
-                           run=run if isinstance(run, str) else None, exactly_once=self.options.exactly_once,
-                           task_attempt_id=tid if isinstance(tid, int) and not isinstance(tid, bool) else None,
-                           micro_batch=batch if self.ident.kind == "stream" and isinstance(batch, int) else None,
-                           key=self.log.key)
+        ident = self.ident
+        return TaskAttempt(write_id=ident.write_id, partition=ident.partition, run=ident.run,
+                           exactly_once=self.options.exactly_once, task_attempt_id=ident.task_attempt_id,
+                           micro_batch=ident.batch_id if ident.kind == "stream" else None, key=self.log.key)
 
     def _evidence(self, priors: tuple[Prior, ...], waited_out: bool) -> Evidence:
         return Evidence(task=self._task(), priors=priors, waited_out=waited_out, wal=self.log.path)

@@ -74,7 +74,7 @@ class Wal(Transactions):
     # ---- attempts -------------------------------------------------------------------------------------
     def begin_attempt(self, write_id: str, partition: int, attempt: int, fields: Mapping[str, object]) -> str:
         """Register a new attempt and return its path ``<write id>/<partition>/<attempt key>``. ``fields``: the
-        task identity's ``extra`` and what the writer adds (kind, topic, cluster id, guarantee), recorded in its
+        task identity's WAL fields and what the writer adds (kind, topic, cluster id, guarantee), recorded in its
         :class:`AttemptInfo` with this process as its owner.
 
         The attempt key starts with the creation time so a prefix scan lists attempts oldest first, and

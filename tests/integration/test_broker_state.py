@@ -154,7 +154,7 @@ def test_a_transaction_the_brokers_rolled_back_on_timeout_names_the_option(fast_
                              "delivery.guarantee": "exactly_once", "kafka.transaction.timeout.ms": "3000",
                              "wal.path": str(tmp_path / "wal"), "transactional.id.prefix": "timeout-"})
     writer = open_writer(options, SchemaPlan(columns=("key", "value"), topic_option=topic),
-                         TaskIdentity("timeout", 0, 0, extra={"task_attempt_id": 0, "run": new_run_id()}),
+                         TaskIdentity("timeout", 0, 0, task_attempt_id=0, run=new_run_id()),
                          check_cluster(options))
 
     def batch(first):

@@ -98,7 +98,7 @@ def test_a_commit_whose_coordinators_stop_answering_ends_at_its_deadline_and_the
     plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
     rows = random.randrange(1_000, 5_000)
     delay = 0.0 if trial == 0 else random.uniform(0, 0.01)
-    writer = open_writer(options, plan, TaskIdentity("dl", 0, 0, extra={"task_attempt_id": 0, "run": "r1"}),
+    writer = open_writer(options, plan, TaskIdentity("dl", 0, 0, task_attempt_id=0, run="r1"),
                          cluster_id)
     writer.write(_batch(0, rows))
     writer.flush(wait_s=30)  # every record acknowledged: what is left is the marker and the commit
@@ -126,7 +126,7 @@ def test_a_commit_whose_coordinators_stop_answering_ends_at_its_deadline_and_the
         if isinstance(outcome["error"], DeadlineExceededError):
             assert str(outcome["error"]).splitlines()[0].count("commit") >= 1
         writer.abort()
-        retry = open_writer(options, plan, TaskIdentity("dl", 0, 1, extra={"task_attempt_id": 1, "run": "r1"}),
+        retry = open_writer(options, plan, TaskIdentity("dl", 0, 1, task_attempt_id=1, run="r1"),
                             cluster_id)
         retry.write(_batch(0, rows))
         retry.commit()
@@ -144,7 +144,7 @@ def test_an_at_least_once_drain_whose_leader_stops_answering_ends_at_its_deadlin
     plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
     rows = random.randrange(2_000, 6_000)
     first = rows // 2
-    writer = open_writer(options, plan, TaskIdentity("al", 0, 0, extra={"task_attempt_id": 0, "run": "r1"}),
+    writer = open_writer(options, plan, TaskIdentity("al", 0, 0, task_attempt_id=0, run="r1"),
                          cluster_id)
     writer.write(_batch(0, first))
     writer.flush(wait_s=30)
@@ -160,7 +160,7 @@ def test_an_at_least_once_drain_whose_leader_stops_answering_ends_at_its_deadlin
     assert not thread.is_alive() and isinstance(outcome.get("error"), DeliveryError)
     assert outcome["seconds"] <= final_wait_s(options) + 2
     writer.abort()
-    retry = open_writer(options, plan, TaskIdentity("al", 0, 1, extra={"task_attempt_id": 1, "run": "r1"}),
+    retry = open_writer(options, plan, TaskIdentity("al", 0, 1, task_attempt_id=1, run="r1"),
                         cluster_id)
     retry.write(_batch(0, rows))
     message = retry.commit()

@@ -148,7 +148,7 @@ def test_a_zombie_micro_batch_sends_nothing_once_a_later_one_ran(kafka, new_topi
 
     def ident(batch, run):
         return TaskIdentity(write_id=stream_write_id(query, batch), partition=0, attempt=0, kind="stream",
-                            extra={"query_id": query, "batch_id": batch, "task_attempt_id": batch, "run": run})
+                            query_id=query, batch_id=batch, task_attempt_id=batch, run=run)
 
     frozen = new_run_id()  # the frozen driver's run began first
     newer = new_run_id()
@@ -176,7 +176,7 @@ def test_a_stale_attempt_of_an_earlier_run_sends_nothing_once_a_newer_run_wrote(
 
     def ident(run):
         return TaskIdentity(write_id="stale", partition=0, attempt=0, kind="batch",
-                            extra={"task_attempt_id": 0, "run": run})
+                            task_attempt_id=0, run=run)
 
     _write(options, ident(newer), cluster_id, _batch(0, 1000))
     stale = _write(options, ident(older), cluster_id, _batch(0, 1000))
@@ -212,7 +212,7 @@ def test_a_replay_to_the_wrong_cluster_is_refused_and_never_counts_as_delivered(
     rows = random.randrange(2_000, 6_000)
     print(f"{rows} records")
     writer = open_writer(options_a, SchemaPlan(columns=("key", "value"), topic_option=topic),
-                         TaskIdentity("to-a", 0, 0, extra={"task_attempt_id": 0, "run": new_run_id()}), cluster_a)
+                         TaskIdentity("to-a", 0, 0, task_attempt_id=0, run=new_run_id()), cluster_a)
     kafka_a.kill_broker(kafka_a.node_ids[0])  # A is unreachable before the records are handed over
     try:
         writer.write(_batch(0, rows))
@@ -235,7 +235,7 @@ def test_a_replay_to_the_wrong_cluster_is_refused_and_never_counts_as_delivered(
 
     kafka_a.start_broker(kafka_a.node_ids[0])
     kafka_a.wait_ready()
-    _write(options_a, TaskIdentity("to-a", 0, 0, extra={"task_attempt_id": 0, "run": new_run_id()}), cluster_a,
+    _write(options_a, TaskIdentity("to-a", 0, 0, task_attempt_id=0, run=new_run_id()), cluster_a,
            _batch(0, rows))
     assert verdict((str(i) for i in range(rows)), ids_in_topic(kafka_a.bootstrap_servers, topic, expected=rows)) \
         == (0, 0, 0)

@@ -20,7 +20,7 @@ from tests.unit.test_delivery_identity import PLAN, batches, options, rows
 
 
 def _ident(task_attempt_id: int, attempt: int) -> TaskIdentity:
-    return TaskIdentity("w", 0, attempt, extra={"task_attempt_id": task_attempt_id, "run": "r1"})
+    return TaskIdentity("w", 0, attempt, task_attempt_id=task_attempt_id, run="r1")
 
 
 def test_an_attempt_whose_writer_starts_after_its_retry_stands_down_without_sending(wal_dir):
@@ -68,7 +68,7 @@ from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.executor.task import open_writer
 from tests.unit.fakes import FakeProducer, sink_producer
 from tests.unit.test_delivery_identity import PLAN, options
-open_writer(options(sys.argv[1]), PLAN, TaskIdentity("w", 0, 1, extra={"task_attempt_id": 7, "run": sys.argv[2]}),
+open_writer(options(sys.argv[1]), PLAN, TaskIdentity("w", 0, 1, task_attempt_id=7, run=sys.argv[2]),
             "c1", producer=sink_producer(FakeProducer()))
 os._exit(0)  # gone without an abort, as a worker Spark killed
 """
@@ -83,7 +83,7 @@ def test_a_late_attempt_stands_down_for_a_later_one_of_its_run_even_once_that_on
     subprocess.run([sys.executable, "-c", _BEGIN_AND_DIE, str(wal_dir), run_of_the_later], check=True,
                    cwd=Path(__file__).resolve().parents[2])
     late = FakeProducer()
-    stale = TaskIdentity("w", 0, 0, extra={"task_attempt_id": 3, "run": "r1"})
+    stale = TaskIdentity("w", 0, 0, task_attempt_id=3, run="r1")
     if run_of_the_later == "r1":
         with pytest.raises(InputCutShortError, match="later attempt"):
             open_writer(options(wal_dir), PLAN, stale, "c1", producer=sink_producer(late))
@@ -99,13 +99,13 @@ def test_a_new_application_rerunning_the_write_goes_on_beside_an_old_runs_live_w
     """Task attempt ids start again in a new application: an old run's finished attempt with a larger id, whose
     (reused) worker still lives, neither makes the new run's attempt stand down nor keeps it waiting."""
     opts = options(wal_dir)
-    old = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, extra={"task_attempt_id": 5000, "run": "old"}), "c1",
+    old = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, task_attempt_id=5000, run="old"), "c1",
                       producer=sink_producer(FakeProducer()))
     for b in batches(rows(300)):
         old.write(b)
     old.commit()
     again = FakeProducer()
-    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, extra={"task_attempt_id": 10, "run": "new"}), "c1",
+    writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0, task_attempt_id=10, run="new"), "c1",
                          producer=sink_producer(again))
     for b in batches(rows(300)):
         writer.write(b)

@@ -130,7 +130,7 @@ class Run:
     run_id: str
     partitions: list[list[int]]
     cluster: str
-    shape: tuple[tuple[int, ...], ...]  # the partitioning, as sorted values per partition
+    shape: tuple[tuple[int, ...], ...]  # the partitioning: each partition number's values, sorted
 
 
 class Violation(AssertionError):
@@ -183,7 +183,7 @@ class ResumeModel(RuleBasedStateMachine):
         self.clock += 60
         run = Run(run_id=f"{int((self.clock + skew_s) * 1e9):020d}-{next(self.keys)}", partitions=parts,
                   cluster=WRONG if wrong_cluster else RIGHT,
-                  shape=tuple(sorted(tuple(sorted(p)) for p in parts)))
+                  shape=tuple(tuple(sorted(p)) for p in parts))
         self.runs.append(run)
         complete = True
         order = list(range(partitions))
