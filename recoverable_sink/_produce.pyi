@@ -11,10 +11,11 @@ def load(path: str, /) -> str:
     """Open librdkafka at ``path`` (once per process); returns its version. Raises OSError."""
 
 class Producer:
-    """A librdkafka producer fed from Arrow arrays; only failures are reported. Errors from librdkafka are
-    raised as confluent_kafka.KafkaException."""
+    """A librdkafka producer fed from Arrow arrays. Failure reports are kept by record position
+    (:meth:`take_failures`); with ``offsets``, success reports are folded per topic-partition in C
+    (:meth:`take_written`). Errors from librdkafka are raised as confluent_kafka.KafkaException."""
 
-    def __init__(self, config: dict[str, str], /) -> None: ...
+    def __init__(self, config: dict[str, str], offsets: bool = False) -> None: ...
     def __len__(self) -> int:
         """Records in librdkafka's queue."""
     def send(self, topic: str | None, slot: int, value: ArrowArray, key: ArrowArray | None,
@@ -32,6 +33,10 @@ class Producer:
         """Failure reports since the last call: (opaque, error code, partition, topic or None)."""
     def take_logs(self) -> list[tuple[int, str]]:
         """librdkafka's log lines since the last call: (syslog level 0-7, text)."""
+    def take_written(self) -> tuple[list[tuple[str, int, int, int, int]], bool]:
+        """Per topic-partition, what was acknowledged since the last call: ([(topic, partition, first offset, last
+        offset, records)], whether that is all of it). Empty unless made with ``offsets=True``; what is not taken
+        before close() is lost with the handle."""
     def partition_count(self, topic: str, timeout: float, /) -> tuple[int, int, str]:
         """(count, error code, text); count -1 when the topic has an error."""
     def connect(self, timeout: float, /) -> tuple[int, str]:
