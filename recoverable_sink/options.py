@@ -135,30 +135,6 @@ class RegistryFraming:
     strategy: str  # one of SUBJECT_STRATEGIES
     user_info: str | None = dataclass_field(default=None, repr=False)  # "user:password" for basic auth: a secret
 
-    def subject_for(self, topic: str | None, avro_schema: str) -> str:
-        """The subject ``avro_schema`` is registered under (Confluent's subject name strategies)."""
-        if self.subject:
-            return self.subject
-        if self.strategy == "RecordNameStrategy":
-            return self.record_name(avro_schema)
-        if topic is None:
-            raise OptionError(f"option {self.field}.schema.registry.url: the records name their topic in a column, so "
-                              f"{self.strategy} has no topic to name the subject by; set {self.field}.subject, or "
-                              f"{self.field}.subject.name.strategy=RecordNameStrategy")
-        if self.strategy == "TopicRecordNameStrategy":
-            return f"{topic}-{self.record_name(avro_schema)}"
-        return f"{topic}-{self.field}"
-
-    def record_name(self, avro_schema: str) -> str:
-        schema = json.loads(avro_schema)
-        if not isinstance(schema, dict) or schema.get("type") != "record" or not schema.get("name"):
-            raise OptionError(f"option {self.field}.subject.name.strategy={self.strategy} names the subject by the "
-                              f"record's name, and {self.field}.avro.schema is not a named record; set "
-                              f"{self.field}.subject, or use TopicNameStrategy")
-        name = str(schema["name"])
-        namespace = schema.get("namespace")
-        return name if "." in name or not namespace else f"{namespace}.{name}"
-
 
 @dataclass(frozen=True)
 class SinkOptions:
@@ -379,11 +355,9 @@ def _registry(lowered: Mapping[str, str], field: str) -> RegistryFraming | None:
     if not matched:
         raise OptionError(f"option {field}.subject.name.strategy={strategy!r} must be one of "
                           f"{', '.join(SUBJECT_STRATEGIES)}")
-    framing = RegistryFraming(field=field, url=url.rstrip("/"), avro_schema=schema, subject=given["subject"],
-                              strategy=matched[0], user_info=given["schema.registry.basic.auth.user.info"])
-    if matched[0] != "TopicNameStrategy" and not framing.subject and schema is not None:
-        framing.record_name(schema)  # a schema without a record name is refused now
-    return framing
+    # The subject naming rules are the driver's (driver/registry.py), applied before any task runs.
+    return RegistryFraming(field=field, url=url.rstrip("/"), avro_schema=schema, subject=given["subject"],
+                           strategy=matched[0], user_info=given["schema.registry.basic.auth.user.info"])
 
 
 def _positive(name: str, value: str | None) -> float | None:

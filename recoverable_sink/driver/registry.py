@@ -31,7 +31,7 @@ def frame_with_registry(options: SinkOptions, plan: SchemaPlan, schema: StructTy
     frames, encodings = [], []
     for framing in options.registry:
         avro_schema, encode = _avro_schema(framing, schema)
-        subject = framing.subject_for(options.topic, avro_schema)
+        subject = subject_for(framing, options.topic, avro_schema)
         schema_id = register(framing, avro_schema, subject, options.preflight_timeout_s, options)
         log.info("%s records framed for the Schema Registry%s: subject %s, schema id %d", framing.field,
                  ", encoded as Avro by the sink" if encode else "", subject, schema_id)
@@ -39,6 +39,36 @@ def frame_with_registry(options: SinkOptions, plan: SchemaPlan, schema: StructTy
         if encode:
             encodings.append((framing.field, avro_schema))
     return replace(plan, frames=tuple(frames), encodings=tuple(encodings))
+
+
+def subject_for(framing: RegistryFraming, topic: str | None, avro_schema: str) -> str:
+    """The subject ``avro_schema`` is registered under: the field's subject option, else Confluent's subject name
+    strategy (TopicNameStrategy: ``<topic>-<field>``; RecordNameStrategy: the record's full name;
+    TopicRecordNameStrategy: both)."""
+    if framing.subject:
+        return framing.subject
+    if framing.strategy == "RecordNameStrategy":
+        return record_name(framing, avro_schema)
+    if topic is None:
+        raise OptionError(f"option {framing.field}.schema.registry.url: the records name their topic in a column, "
+                          f"so {framing.strategy} has no topic to name the subject by; set {framing.field}.subject, or "
+                          f"{framing.field}.subject.name.strategy=RecordNameStrategy")
+    if framing.strategy == "TopicRecordNameStrategy":
+        return f"{topic}-{record_name(framing, avro_schema)}"
+    return f"{topic}-{framing.field}"
+
+
+def record_name(framing: RegistryFraming, avro_schema: str) -> str:
+    """The full name (namespace.name) of the Avro record ``avro_schema`` describes, for the strategies that name
+    subjects by it; an OptionError for a schema that is not a named record."""
+    schema = json.loads(avro_schema)
+    if not isinstance(schema, dict) or schema.get("type") != "record" or not schema.get("name"):
+        raise OptionError(f"option {framing.field}.subject.name.strategy={framing.strategy} names the subject by "
+                          f"the record's name, and {framing.field}.avro.schema is not a named record; set "
+                          f"{framing.field}.subject, or use TopicNameStrategy")
+    name = str(schema["name"])
+    namespace = schema.get("namespace")
+    return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
 def _avro_schema(framing: RegistryFraming, schema: StructType) -> tuple[str, bool]:

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 
+from recoverable_sink.driver.registry import subject_for
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import parse_options, parse_size
 
@@ -168,7 +169,7 @@ def test_schema_registry_options_are_checked_on_the_driver_and_the_credentials_k
     options = parse_options({**base, "value.avro.schema": REGISTRY_SCHEMA, "value.subject.name.strategy":
                              "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy",
                              "value.schema.registry.basic.auth.user.info": "me:s3cret"})
-    assert options.registry[0].subject_for("t", REGISTRY_SCHEMA) == "t-shop.Order"
+    assert subject_for(options.registry[0], "t", REGISTRY_SCHEMA) == "t-shop.Order"
     assert "s3cret" not in repr(options) and options.scrub("auth me:s3cret") == "auth ***"
     with pytest.raises(OptionError, match="has no topic"):
-        replace(options.registry[0], strategy="TopicNameStrategy").subject_for(None, REGISTRY_SCHEMA)
+        subject_for(replace(options.registry[0], strategy="TopicNameStrategy"), None, REGISTRY_SCHEMA)
