@@ -73,7 +73,7 @@ bench: setup
 # sampled every minute; then batch writes of 1M, 10M and 50M rows. build/soak/results.json and results.png.
 soak: setup
 	$(PYTHON) -m testing.spark --class-archive
-	$(PYTHON) -m testing.soak
+	$(PYTHON) -m bench.soak
 	$(PYTHON) -m bench.sizes
 
 # Every supported Python and pyspark (4.0 to 4.3), each in a fresh virtualenv: both modes and a stream with killed

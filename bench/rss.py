@@ -23,7 +23,7 @@ def _ppid(pid: int) -> int | None:
     return int(fields[1]) if fields else None
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -37,7 +37,7 @@ def _cpu_ticks(pid: int) -> int | None:
     return int(fields[11]) + int(fields[12]) if fields else None
 
 
-def _rss_kib(pid: int) -> tuple[int, int] | None:
+def rss_kib(pid: int) -> tuple[int, int] | None:
     """(VmRSS, RssAnon) in KiB. VmRSS also counts the LMDB file pages the worker has mapped (page cache it
     shares with the kernel); RssAnon is the worker's own heap, which is what can run an executor out of memory."""
     total = anon = None
@@ -53,7 +53,7 @@ def _rss_kib(pid: int) -> tuple[int, int] | None:
     return (total, anon or 0) if total is not None else None
 
 
-def _descends_from(pid: int, ancestor: int) -> bool:
+def descends_from(pid: int, ancestor: int) -> bool:
     seen = 0
     while pid > 1 and seen < 64:
         if pid == ancestor:
@@ -92,8 +92,8 @@ class WorkerRssSampler:
     def _is_worker(self, pid: int) -> bool:
         known = self._known.get(pid)
         if known is None:
-            cmd = _cmdline(pid)
-            known = any(m in cmd for m in _MARKERS) and _descends_from(pid, self._me)
+            cmd = cmdline(pid)
+            known = any(m in cmd for m in _MARKERS) and descends_from(pid, self._me)
             self._known[pid] = known
         return known
 
@@ -104,7 +104,7 @@ class WorkerRssSampler:
             pid = int(name)
             if pid == self._me or not self._is_worker(pid):
                 continue
-            rss, ticks = _rss_kib(pid), _cpu_ticks(pid)
+            rss, ticks = rss_kib(pid), _cpu_ticks(pid)
             if rss is None or ticks is None:
                 continue
             self._cpu[pid] = (self._cpu.get(pid, (ticks, ticks))[0], ticks)

@@ -66,7 +66,7 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _cmdline(pid: int) -> list[str]:
+def cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
@@ -247,7 +247,7 @@ class KafkaCluster:
             return pid if proc.poll() is None else None
         # The pid file may outlive its process (a reboot, a kill -9 of this machine's session): make sure
         # the pid is still this node's broker, not a recycled pid.
-        if not _pid_alive(pid) or str(self._props_file(node_id)) not in _cmdline(pid):
+        if not _pid_alive(pid) or str(self._props_file(node_id)) not in cmdline(pid):
             return None
         return pid
 

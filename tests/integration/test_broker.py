@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 
 from testing.kafka_check import count_topic, read_topic
-from testing.kafka_local import KafkaCluster, _cmdline, _pid_alive
+from testing.kafka_local import KafkaCluster, _pid_alive, cmdline
 from testing.waiting import wait_until
 
 
@@ -78,7 +78,7 @@ def test_decode_proc_net_addresses():
 def test_broker_is_a_real_kafka_process(kafka: KafkaCluster):
     pid = kafka.pid(1)
     assert pid is not None
-    cmd = _cmdline(pid)
+    cmd = cmdline(pid)
     assert Path(cmd[0]).name == "java" and "kafka.Kafka" in cmd, cmd
     assert any("kafka/libs" in a for a in cmd), cmd
     assert str(kafka.root) in cmd[-1], cmd

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.rss import _cmdline, _descends_from, _rss_kib
+from bench.rss import cmdline, descends_from, rss_kib
 from bench.sizes import DiskSampler
 from testing.chaos.checker import ids_in_topic
 from testing.chaos.lab import kill_group, python_subprocess
@@ -59,9 +59,9 @@ class Query:
             return [], None
         workers, jvm = [], None
         for name in os.listdir("/proc"):
-            if not name.isdigit() or not _descends_from(int(name), self.proc.pid):
+            if not name.isdigit() or not descends_from(int(name), self.proc.pid):
                 continue
-            cmd = _cmdline(int(name))
+            cmd = cmdline(int(name))
             if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
                 workers.append(int(name))
             elif "java" in cmd.split(" ", 1)[0]:
@@ -101,12 +101,12 @@ def sample(q: Query, bootstrap: str, started: float) -> dict[str, float]:
     from recoverable_sink.wal import open_wal
 
     workers, jvm = q.processes()
-    mem = [m for m in (_rss_kib(p) for p in workers) if m is not None]
+    mem = [m for m in (rss_kib(p) for p in workers) if m is not None]
     disk = DiskSampler(q.d / "wal")
     disk.sample()
     wal = q.d / "wal"
     attempts = len(open_wal(str(wal)).attempts()) if (wal / "data.mdb").exists() else 0
-    driver = _rss_kib(jvm) if jvm is not None else None
+    driver = rss_kib(jvm) if jvm is not None else None
     return {"minute": round((time.monotonic() - started) / 60, 2),
             # Per worker, the largest: what runs an executor out of memory (a killed worker's successor starts small).
             "worker_rss_mib": max((m[0] for m in mem), default=0) / 1024,
