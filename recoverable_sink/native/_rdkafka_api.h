@@ -5,7 +5,7 @@
  * Written from librdkafka's API documentation (rdkafka.h, "stable API"): opaque handles are incomplete types;
  * the structs whose fields the extension reads or fills are spelt out with every field up to the last one it
  * touches (rd_kafka_vu_t and rd_kafka_metadata_topic_t whole, since they are used as arrays).
- * tests/unit/test_rdkafka_api.py checks sizes, offsets and constants against a system rdkafka.h where one is
+ * tests/unit/native/test_rdkafka_api.py checks sizes, offsets and constants against a system rdkafka.h where one is
  * installed, and the error codes against confluent-kafka's.
  */
 #ifndef RECOVERABLE_SINK_RDKAFKA_API_H

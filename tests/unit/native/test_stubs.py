@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "recoverable_sink"
+PACKAGE = Path(__file__).resolve().parents[3] / "recoverable_sink"
 
 
 def _stub(name: str) -> dict[str, set[str] | None]:

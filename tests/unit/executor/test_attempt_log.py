@@ -16,7 +16,7 @@ from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.wal import open_wal
 from tests.unit.fakes import FakeProducer, sink_producer
-from tests.unit.test_delivery_identity import PLAN, batches, options, rows
+from tests.unit.executor.test_writer import PLAN, batches, options, rows
 
 
 def _ident(task_attempt_id: int, attempt: int) -> TaskIdentity:
@@ -67,7 +67,7 @@ import os, sys
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.executor.task import open_writer
 from tests.unit.fakes import FakeProducer, sink_producer
-from tests.unit.test_delivery_identity import PLAN, options
+from tests.unit.executor.test_writer import PLAN, options
 open_writer(options(sys.argv[1]), PLAN, TaskIdentity("w", 0, 1, task_attempt_id=7, run=sys.argv[2]),
             "c1", producer=sink_producer(FakeProducer()))
 os._exit(0)  # gone without an abort, as a worker Spark killed
@@ -81,7 +81,7 @@ def test_a_late_attempt_stands_down_for_a_later_one_of_its_run_even_once_that_on
     starts its writer. Within one run the task attempt ids still order them; across runs (a new application
     numbers its attempts from 0 again) a dead process's larger id says nothing, and the attempt goes on."""
     subprocess.run([sys.executable, "-c", _BEGIN_AND_DIE, str(wal_dir), run_of_the_later], check=True,
-                   cwd=Path(__file__).resolve().parents[2])
+                   cwd=Path(__file__).resolve().parents[3])
     late = FakeProducer()
     stale = TaskIdentity("w", 0, 0, task_attempt_id=3, run="r1")
     if run_of_the_later == "r1":
