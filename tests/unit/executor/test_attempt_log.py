@@ -15,8 +15,8 @@ from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.wal import open_wal
-from tests.unit.fakes import FakeProducer, sink_producer
 from tests.unit.executor.test_writer import PLAN, batches, options, rows
+from tests.unit.fakes import FakeProducer, sink_producer
 
 
 def _ident(task_attempt_id: int, attempt: int) -> TaskIdentity:
