@@ -52,6 +52,7 @@ class LogOfAttempt(Protocol):
 
     path: str | None
     key: str | None
+    seq: int | None
     priors: list[AttemptInfo]
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None: ...
@@ -90,6 +91,7 @@ class NoLog:
 
     path: str | None = None
     key: str | None = None
+    seq: int | None = None
     priors: list[AttemptInfo] = []
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
@@ -153,6 +155,7 @@ class AttemptLog:
         self.options = options
         self.priors = priors
         self.key: str | None = None
+        self.seq: int | None = None  # the order this attempt began in on the host, once begun
         self._last_store: Future[int] | None = None
         self._last_job: Future[object] | None = None  # the newest store or acknowledgement save queued
         self._failed: BaseException | None = None  # a failed store or save: no later batch enters the log
@@ -178,7 +181,10 @@ class AttemptLog:
         for what a marker says its transactions hold. An attempt whose own entry is gone (a release purged it
         while it ran) fails before sending anything."""
         found = self.wal.attempts(f"{task.write_id}/")
-        if self.key is not None and not any(a.key == self.key for a in found):
+        own = next((a for a in found if a.key == self.key), None)
+        if own is not None:
+            self.seq = own.seq
+        if self.key is not None and own is None:
             raise WalError(f"WAL {self.path}: attempt {self.key} is no longer in the log (purged while it ran?); "
                            "this attempt stops before sending anything, and its retry starts afresh")
         others = [a for a in found if a.key != self.key]

@@ -44,6 +44,7 @@ class TaskAttempt:
     task_attempt_id: int | None = None
     micro_batch: int | None = None
     key: str | None = None  # its own WAL attempt key, once begun
+    seq: int | None = None  # the order it began in on this host (the WAL's), once begun
 
     @property
     def where(self) -> str:
@@ -63,6 +64,7 @@ class Prior:
     still_sending: bool = False  # its process runs here and it neither finished nor ended
     trimmed: bool = False  # its digests went to keep wal.proofMaxBytes: what it delivered is unknown here
     records: int = 0  # the digests it holds (every record it logged)
+    seq: int | None = None  # the order it began in on this host (None: recorded before sequence numbers)
 
     @property
     def name(self) -> str:
@@ -72,7 +74,7 @@ class Prior:
     def of(cls, attempt: AttemptInfo, records: int = 0) -> Prior:
         return cls(key=attempt.key, partition=attempt.partition, run=attempt.run, state=attempt.state,
                    exactly_once=attempt.exactly_once, task_attempt_id=attempt.task_attempt_id,
-                   still_sending=attempt.still_sending(), trimmed=attempt.trimmed, records=records)
+                   still_sending=attempt.still_sending(), trimmed=attempt.trimmed, records=records, seq=attempt.seq)
 
 
 @dataclass(frozen=True)
@@ -184,8 +186,11 @@ def plan(e: Evidence) -> Plan:
             return StandDown(f"{t.where}: Spark already started a later attempt of this task, so this one's JVM side "
                              "is gone; it stands down without sending anything", by_retry=True)
         # exactly_once: this partition's transactional id fences its own earlier attempts, but not another run's
-        # attempts of other partition numbers, whose commit could still add what this one is about to send.
-        waits_for = others if t.exactly_once else [*own_run, *others]
+        # attempts of other partition numbers, whose commit could still add what this one is about to send. Of
+        # another run's, only those that began before this one on this host (the WAL's order, no clock): two runs'
+        # attempts that each waited for the other would both wait out the deadline.
+        earlier = [p for p in others if t.seq is None or p.seq is None or p.seq < t.seq]
+        waits_for = earlier if t.exactly_once else [*own_run, *earlier]
         sending = tuple(p.name for p in waits_for if p.still_sending)
         if sending and not e.waited_out:
             return Wait(sending)

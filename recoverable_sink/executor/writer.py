@@ -234,7 +234,8 @@ class AtLeastOnceWriter:
         ident = self.ident
         return TaskAttempt(write_id=ident.write_id, partition=ident.partition, run=ident.run,
                            exactly_once=self.options.exactly_once, task_attempt_id=ident.task_attempt_id,
-                           micro_batch=ident.batch_id if ident.kind == "stream" else None, key=self.log.key)
+                           micro_batch=ident.batch_id if ident.kind == "stream" else None, key=self.log.key,
+                           seq=self.log.seq)
 
     def _evidence(self, priors: tuple[Prior, ...], waited_out: bool) -> Evidence:
         return Evidence(task=self._task(), priors=priors, waited_out=waited_out, wal=self.log.path)

@@ -127,6 +127,7 @@ class AttemptInfo:
     query_id: str | None = None  # streaming only
     batch_id: int | None = None  # streaming only: the micro-batch
     generated: bool = False  # the write id was generated (never re-run), not given as wal.writeId
+    seq: int | None = None  # the order attempts began in on this host (LMDB's serialised begins; None: before)
     trimmed: bool = False  # its proof of delivery (digests) was removed to keep wal.proofMaxBytes; the record stays
     extra: dict[str, object] = field(default_factory=dict, hash=False)  # keys this version does not know
 
@@ -199,7 +200,7 @@ class AttemptInfo:
 
 
 _OPTIONAL = ("ended", "done_at", "kind", "topic", "cluster_id", "guarantee", "run", "task_attempt_id", "stage",
-             "query_id", "batch_id")
+             "query_id", "batch_id", "seq")
 
 
 # ---- decoding -------------------------------------------------------------------------------------------
@@ -247,7 +248,8 @@ def _from_json(key: str, meta: Mapping[str, object]) -> AttemptInfo:
         cluster_id=_optional(rest, "cluster_id", str), guarantee=_optional(rest, "guarantee", str),
         run=_optional(rest, "run", str), task_attempt_id=_optional(rest, "task_attempt_id", int),
         stage=_optional(rest, "stage", int), query_id=_optional(rest, "query_id", str),
-        batch_id=_optional(rest, "batch_id", int), generated=_optional(rest, "generated", bool) or False,
+        batch_id=_optional(rest, "batch_id", int), seq=_optional(rest, "seq", int),
+        generated=_optional(rest, "generated", bool) or False,
         trimmed=_optional(rest, "trimmed", bool) or False,
         extra={k: v for k, v in rest.items() if k not in known})
 

@@ -42,6 +42,7 @@ from recoverable_sink.identity import DIGEST_SIZE
 
 META, SEGMENTS, ACKS, CLAIMS = b"m/", b"s/", b"a/", b"k/"
 USAGE_KEY = b"u"
+SEQUENCE_KEY = b"q"  # the last attempt sequence number given on this host (8 bytes, big-endian)
 _SEG_MAGIC = b"RKW2"
 _ACK_MAGIC = b"RKA1"
 # magic, crc32 of the rest, record count, first position, payload length, flags

@@ -23,6 +23,7 @@ from recoverable_sink.wal.format import (
     ALL_ACKED,
     META,
     SEGMENTS,
+    SEQUENCE_KEY,
     USAGE_KEY,
     Segment,
     ack_key,
@@ -81,9 +82,18 @@ class Wal(Transactions):
         ends with a random part so a restarted application cannot collide with an old log."""
         created = time.time()
         key = f"{write_id}/{partition:06d}/{time.time_ns():020d}-{attempt:03d}-{uuid.uuid4().hex[:8]}"
-        record = AttemptInfo.begun(key, write_id, partition, attempt, fields, host=socket.gethostname(),
-                                   created=created, owner=Owner.this_process())
-        self._write(lambda txn: txn.put(meta_key(key), record.encode()))
+        owner = Owner.this_process()
+
+        def body(txn: lmdb.Transaction) -> None:
+            # The order attempts began in on this host, from LMDB's serialised writes rather than any clock.
+            last = txn.get(SEQUENCE_KEY)
+            seq = (int.from_bytes(last, "big") if last else 0) + 1
+            txn.put(SEQUENCE_KEY, seq.to_bytes(8, "big"))
+            record = AttemptInfo.begun(key, write_id, partition, attempt, {**fields, "seq": seq},
+                                       host=socket.gethostname(), created=created, owner=owner)
+            txn.put(meta_key(key), record.encode())
+
+        self._write(body)
         return key
 
     def attempts(self, prefix: str = "") -> list[AttemptInfo]:

@@ -1,0 +1,39 @@
+"""Targeted cases of the resume plan (the model test, test_resume_plan_model.py, explores the rest): waits that
+cannot deadlock, stand-downs that need no clock."""
+
+from __future__ import annotations
+
+from recoverable_sink.executor import resume_plan as rp
+from recoverable_sink.wal.attempt import DONE, OPEN
+
+
+def _prior(key: str, partition: int, run: str, *, seq: int, sending: bool = True, tid: int = 0,
+           exactly_once: bool = False, state=OPEN) -> rp.Prior:
+    return rp.Prior(key=f"w/{partition:06d}/{key}", partition=partition, run=run, state=state,
+                    exactly_once=exactly_once, task_attempt_id=tid, still_sending=sending, seq=seq)
+
+
+def _task(partition: int, run: str, seq: int, tid: int = 0, exactly_once: bool = False) -> rp.TaskAttempt:
+    return rp.TaskAttempt("w", partition, run, exactly_once, task_attempt_id=tid, key=f"w/{partition:06d}/me",
+                          seq=seq)
+
+
+def test_of_two_runs_attempts_still_sending_only_the_one_begun_later_on_the_host_waits():
+    """A zombie of run 1 and run 2's task began one after the other on a host: each sees the other still sending.
+    Waiting both ways held each for the whole final delivery wait; the one that began first goes on."""
+    first = _prior("a", 2, "run-1", seq=7)
+    second = _prior("b", 0, "run-2", seq=8)
+    assert isinstance(rp.plan(rp.Evidence(_task(0, "run-2", seq=8), priors=(first,))), rp.Wait)
+    assert isinstance(rp.plan(rp.Evidence(_task(2, "run-1", seq=7, tid=5), priors=(second,))), rp.Send)
+
+
+def test_an_attempt_finds_a_later_task_attempt_of_its_own_run_and_stands_down_whatever_the_clocks():
+    later = _prior("b", 1, "run-1", seq=3, tid=9, sending=False)
+    plan = rp.plan(rp.Evidence(_task(1, "run-1", seq=4, tid=2), priors=(later,)))
+    assert isinstance(plan, rp.StandDown) and plan.by_retry
+
+
+def test_another_runs_proof_counts_whichever_run_began_first():
+    done = _prior("a", 3, "run-9", seq=1, sending=False, state=DONE)
+    plan = rp.plan(rp.Evidence(_task(0, "run-1", seq=2), priors=(done,)))
+    assert isinstance(plan, rp.Send) and [p.key for p in plan.claim] == [done.key]
