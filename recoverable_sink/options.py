@@ -305,6 +305,9 @@ def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
         raise OptionError(
             "option kafka.bootstrap.servers is required: give the brokers as host:port[,host:port...]"
         )
+    # librdkafka's metadata requests would let a broker create a topic the sink only asked about; the sink creates
+    # a missing topic itself, where topic.mustExist allows it (producer/topics.py).
+    conf.setdefault("allow.auto.create.topics", "false")
     return conf
 
 

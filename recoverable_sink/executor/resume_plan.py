@@ -185,12 +185,13 @@ def plan(e: Evidence) -> Plan:
         if later and not t.exactly_once:  # exactly_once: the transaction's fencing decides
             return StandDown(f"{t.where}: Spark already started a later attempt of this task, so this one's JVM side "
                              "is gone; it stands down without sending anything", by_retry=True)
-        # exactly_once: this partition's transactional id fences its own earlier attempts, but not another run's
-        # attempts of other partition numbers, whose commit could still add what this one is about to send. Of
-        # another run's, only those that began before this one on this host (the WAL's order, no clock): two runs'
-        # attempts that each waited for the other would both wait out the deadline.
-        earlier = [p for p in others if t.seq is None or p.seq is None or p.seq < t.seq]
-        waits_for = earlier if t.exactly_once else [*own_run, *earlier]
+        # at_least_once: an earlier attempt of this partition still sending from a live Python worker (Spark does not
+        # wait for a failed task's worker) is waited for, then its proof is taken; another run's only if it began
+        # before this one on this host (the WAL's order, no clock), or two runs' attempts that each waited for the
+        # other would both wait out the deadline. exactly_once: the partition's transactional id has fenced them.
+        earlier = [p for p in others if p.partition == t.partition and (t.seq is None or p.seq is None or
+                                                                          p.seq < t.seq)]
+        waits_for = [] if t.exactly_once else [*own_run, *earlier]
         sending = tuple(p.name for p in waits_for if p.still_sending)
         if sending and not e.waited_out:
             return Wait(sending)

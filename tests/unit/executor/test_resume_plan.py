@@ -13,17 +13,18 @@ def _prior(key: str, partition: int, run: str, *, seq: int, sending: bool = True
                     exactly_once=exactly_once, task_attempt_id=tid, still_sending=sending, seq=seq)
 
 
-def _task(partition: int, run: str, seq: int, tid: int = 0, exactly_once: bool = False) -> rp.TaskAttempt:
+def _task(partition: int, run: str, seq: int | None, tid: int = 0, exactly_once: bool = False) -> rp.TaskAttempt:
     return rp.TaskAttempt("w", partition, run, exactly_once, task_attempt_id=tid, key=f"w/{partition:06d}/me",
                           seq=seq)
 
 
 def test_of_two_runs_attempts_still_sending_only_the_one_begun_later_on_the_host_waits():
-    """A zombie of run 1 and run 2's task began one after the other on a host: each sees the other still sending.
-    Waiting both ways held each for the whole final delivery wait; the one that began first goes on."""
+    """A zombie of run 1 and run 2's task of the same partition began one after the other on a host: each sees the
+    other still sending. Waiting both ways held each for the whole final delivery wait; the one that began first
+    goes on."""
     first = _prior("a", 2, "run-1", seq=7)
-    second = _prior("b", 0, "run-2", seq=8)
-    assert isinstance(rp.plan(rp.Evidence(_task(0, "run-2", seq=8), priors=(first,))), rp.Wait)
+    second = _prior("b", 2, "run-2", seq=8)
+    assert isinstance(rp.plan(rp.Evidence(_task(2, "run-2", seq=8), priors=(first,))), rp.Wait)
     assert isinstance(rp.plan(rp.Evidence(_task(2, "run-1", seq=7, tid=5), priors=(second,))), rp.Send)
 
 
@@ -37,3 +38,9 @@ def test_another_runs_proof_counts_whichever_run_began_first():
     done = _prior("a", 3, "run-9", seq=1, sending=False, state=DONE)
     plan = rp.plan(rp.Evidence(_task(0, "run-1", seq=2), priors=(done,)))
     assert isinstance(plan, rp.Send) and [p.key for p in plan.claim] == [done.key]
+
+
+def test_exactly_once_waits_for_no_other_attempt_its_transactional_id_has_fenced():
+    other = _prior("a", 0, "run-1", seq=1, exactly_once=True)
+    assert isinstance(rp.plan(rp.Evidence(_task(0, "run-2", seq=None, exactly_once=True), priors=(other,))),
+                      rp.Send)
