@@ -31,7 +31,7 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None, proof_max_byte
     :func:`trim_proof` keeps the proof left under it."""
     now = time.time() if now is None else now
     old = [a for a in wal.attempts() if now - a.created > retention_s]
-    trimmed = trim_proof(wal, proof_max_bytes) if proof_max_bytes is not None else 0
+    trimmed = trim_proof(wal, proof_max_bytes, now) if proof_max_bytes is not None else 0
     if not old:
         return SweepResult(0, 0, trimmed)
     # Not finished: kept while its process may still run it; once that process is gone it is a failed
@@ -54,7 +54,12 @@ def sweep(wal: Wal, retention_s: float, now: float | None = None, proof_max_byte
     return SweepResult(removed=len(removable), kept=len(kept), trimmed=trimmed)
 
 
-def trim_proof(wal: Wal, max_bytes: int) -> int:
+# A write with an attempt begun or finished this recently on the host may be in the middle of a re-run whose other
+# partitions have yet to start and take from its proof: it is not trimmed.
+_QUIET_S = 600.0
+
+
+def trim_proof(wal: Wal, max_bytes: int, now: float | None = None) -> int:
     """Keep done attempts' proof of delivery under ``max_bytes`` (``wal.proofMaxBytes``): past it, the proof of the
     attempts done first goes (:meth:`Wal.trim_proof`), their records stay. Attempts of a write that has an attempt
     here not done (failed, or still running), and those holding records Kafka never acknowledged, are neither
@@ -66,7 +71,7 @@ def trim_proof(wal: Wal, max_bytes: int) -> int:
     it sends those partitions again, under exactly_once it goes by the brokers' markers and refuses once they
     expired too."""
     attempts = wal.attempts()
-    candidates = trimmable(attempts)
+    candidates = trimmable(attempts, time.time() if now is None else now)
     if not candidates:
         return 0
     sizes = wal.proof_bytes([a.key for a in candidates])
@@ -81,11 +86,14 @@ def trim_proof(wal: Wal, max_bytes: int) -> int:
     return len(chosen)
 
 
-def trimmable(attempts: list[AttemptInfo]) -> list[AttemptInfo]:
-    """The attempts whose proof may go: done, not yet trimmed, of a write whose every attempt here is done. A write
-    with an attempt not done (failed, or still running) may be re-run, and that re-run skips by the proof of all of
-    its partitions, the done ones included."""
+def trimmable(attempts: list[AttemptInfo], now: float | None = None) -> list[AttemptInfo]:
+    """The attempts whose proof may go: done, not yet trimmed, of a write whose every attempt here is done and (given
+    ``now``) none began or finished in the last 10 minutes. A write with an attempt not done (failed, or still
+    running) may be re-run, and that re-run skips by the proof of all of its partitions, the done ones included; a
+    write active just now may be in such a re-run, whose later partitions have yet to start."""
     unfinished = {a.write_id for a in attempts if a.state != DONE}
+    if now is not None:
+        unfinished |= {a.write_id for a in attempts if now - max(a.created, a.done_at or 0, a.ended or 0) < _QUIET_S}
     return [a for a in attempts if not a.trimmed and a.state == DONE and a.write_id not in unfinished]
 
 

@@ -22,6 +22,11 @@ from recoverable_sink.wal import format as wal_format
 from recoverable_sink.wal.format import encode_segment, segment_value
 
 
+def later() -> float:
+    """Past the quiet time after which a finished write's proof may be trimmed."""
+    return time.time() + 3600
+
+
 def batch(values, keys=None):
     arrays, names = [pa.array(values, pa.binary())], ["value"]
     if keys is not None:
@@ -296,8 +301,8 @@ def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(w
     one = wal.proof_bytes([finished[0]])[finished[0]]
     assert one >= 100 * 16
 
-    assert sweep(wal, retention_s=3600, proof_max_bytes=3 * one).trimmed == 0  # under the limit: nothing goes
-    result = sweep(wal, retention_s=3600, proof_max_bytes=one + one // 2)
+    assert sweep(wal, 1e9, later(), proof_max_bytes=3 * one).trimmed == 0  # under the limit: nothing goes
+    result = sweep(wal, 1e9, later(), proof_max_bytes=one + one // 2)
     assert result.trimmed == 2
     by_write = {a.write_id: a for a in wal.attempts()}
     assert sorted(by_write) == ["failed", "newest", "older", "oldest", "running"]  # every record stays
@@ -306,7 +311,7 @@ def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(w
     assert not wal.delivered([by_write["oldest"].key], all_acknowledged=True)
     assert sum(wal.delivered([by_write["newest"].key], all_acknowledged=True).acked.values()) == 100
     assert wal.holding_payload([pending]) == {pending}
-    assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 1  # the newest; never a running one
+    assert sweep(wal, 1e9, later(), proof_max_bytes=1).trimmed == 1  # the newest; never a running one
     assert not by_write["running"].trimmed and wal.record_count(running) == 1
 
 
@@ -494,9 +499,9 @@ def test_the_proof_of_a_failed_writes_done_partitions_is_never_trimmed_while_one
     wal.save_acks(other, {0: bytearray(b"\x01" * 100)})
     wal.finish(other, [])
 
-    assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 1  # the finished write's only
+    assert sweep(wal, 1e9, later(), proof_max_bytes=1).trimmed == 1  # the finished write's only
     by_key = {a.key: a for a in wal.attempts()}
     assert by_key[other].trimmed and not any(by_key[k].trimmed for k in done)
     assert sum(wal.delivered(done, all_acknowledged=True).acked.values()) == 300
     wal.finish(failed, [])  # the re-run completed the write: now all of it may go
-    assert sweep(wal, retention_s=3600, proof_max_bytes=1).trimmed == 3  # the partitions done first
+    assert sweep(wal, 1e9, later(), proof_max_bytes=1).trimmed == 3  # the partitions done first
