@@ -171,7 +171,6 @@ class AtLeastOnceWriter:
         self.phase = Phase.NEW
         self.started = time.monotonic()
         self.max_message, self.max_message_name = _size_limit(options)
-        self.ledger = Ledger()
         self.log: LogOfAttempt = NoLog()
         self.delivered = DeliveredSet()  # what earlier attempts of this run got acknowledged: skipped when met again
         # What earlier runs of the write delivered on this host, in any partition: a re-run's partitions may hold
@@ -194,7 +193,7 @@ class AtLeastOnceWriter:
         _freeze_heap_once()
         self.producer = self._open_producer()
         try:
-            self.producer.ledger = self.ledger  # its failure reports come here
+            self.ledger = Ledger(self.producer, self.options.scrub)
             self.partitions = _Partitions(self.producer, self.where, self.options)
             self.log = open_log(self.options, self.ident)
             self.phase = self._recover()
@@ -359,9 +358,7 @@ class AtLeastOnceWriter:
         self._before_send()
         try:
             with _no_collection():
-                self.message.published += self.producer.send_segment(pending.batch, self.plan.topic_option,
-                                                                     pending.first, None, self.ledger,
-                                                                     self.options.scrub)
+                self.message.published += self.ledger.send(pending.batch, self.plan.topic_option, pending.first)
         except (DeliveryError, RecordError) as exc:
             raise self._located(exc) from None
         end = pending.first + pending.batch.num_rows
@@ -392,9 +389,9 @@ class AtLeastOnceWriter:
             remaining = deadline - time.monotonic()
             try:
                 if remaining > 0 and self.ledger.outstanding:
-                    self.ledger.wait_for_acks(self.producer, min(remaining, CHECKPOINT_EVERY_S))
+                    self.ledger.wait_for_acks(min(remaining, CHECKPOINT_EVERY_S))
                 else:
-                    self.ledger.serve(self.producer)
+                    self.ledger.serve()
             except FatalProducerError as exc:
                 self.log.save_acks(self._dirty())  # what was served before the producer died still counts
                 raise self._located(exc) from None
@@ -409,7 +406,6 @@ class AtLeastOnceWriter:
         exactly_once: commit the transaction with its marker)."""
         message = self._commit_skipped() if self.phase is Phase.SKIPPING else self._commit_written()
         self.phase = Phase.COMMITTED
-        self.producer.ledger = None  # done: the pooled producer keeps no reference to this task's batches
         return message
 
     def _commit_skipped(self) -> SinkCommitMessage:
@@ -463,7 +459,6 @@ class AtLeastOnceWriter:
                         self.options.scrub(str(secondary)))
         finally:
             self.phase = Phase.ABORTED
-            self.producer.ledger = None
             try:
                 self.log.end()
             except Exception as secondary:  # noqa: BLE001 - a retry waiting for this attempt goes on at its deadline

@@ -116,8 +116,7 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
     producer = producer if producer is not None else producers.get(options)
     acked_later = wal.delivered([a.key for a in later])
     counts = ReplayCounts()
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer, options.scrub)
     topic = attempt.topic
     for seg in wal.segments(attempt.key):
         counts.records += seg.count
@@ -129,10 +128,10 @@ def replay_partition(wal: Wal, attempts: list[AttemptInfo], kafka: dict[str, str
         matched = acked_later.take(d for d, a in zip(split(seg.digests), seg.acked, strict=True) if not a)
         it = iter(matched.skip)
         skip = [bool(a) or next(it) for a in seg.acked]
-        sent = producer.send_segment(seg.batch, topic, seg.first, skip, ledger, options.scrub)
+        sent = ledger.send(seg.batch, topic, seg.first, skip)
         counts.sent += sent
         counts.already_delivered += seg.count - sent
-        ledger.wait_for_acks(producer, delivery_timeout_s(options) + 30)
+        ledger.wait_for_acks(delivery_timeout_s(options) + 30)
         dirty = ledger.take_changes()
         if record:
             wal.save_acks(attempt.key, dirty)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from operator import length_hint
 from typing import Any
 
@@ -14,60 +15,110 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from recoverable_sink._logging import get_logger
+from recoverable_sink.offsets import WrittenOffsets
 from recoverable_sink.producer.arguments import KafkaRecords, to_records
-from recoverable_sink.producer.failures import fatal_errors, refused
-from recoverable_sink.producer.ledger import Ledger
+from recoverable_sink.producer.reports import Failure, Reports, Stopped
 
 FailureReport = Callable[[KafkaError | None, Message], None]  # confluent-kafka's on_delivery
+
+
+class _Inbox:
+    """What the client's delivery callback left since the reports were last taken: failures by content (topic,
+    key, value: confluent-kafka's reports carry no record number) and acknowledged offsets."""
+
+    def __init__(self) -> None:
+        self.failures: list[tuple[tuple[str | None, bytes | None, bytes | None], KafkaError, int]] = []
+        self.written = WrittenOffsets()
+
+    def report(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.failures.append(((msg.topic(), msg.key(), msg.value()), err, msg.partition()))
+        else:
+            self.written.add(msg.topic(), msg.partition(), msg.offset(), msg.offset(), 1)
+
+
+@dataclass
+class _Sent:
+    """A send since the queue was last empty: the records it handed over (``taken``), to match reports against."""
+
+    slot: int
+    batch: pa.RecordBatch
+    topic: str | None
+    rows: list[int] | None
+    taken: int
 
 
 class ConfluentProducer:
     """The sink's producer interface over a librdkafka client it holds (``client``): confluent-kafka's ``Producer``
     (:meth:`open`), or a test's stand-in with its calls (``produce``, ``poll``, ``flush``, ``len()``, ``purge``,
-    ``list_topics`` and the transaction calls). The client reports failed deliveries only, to the ledger of the task
-    using this producer (``ledger``). Records go to the client's own ``produce``, no Python call of ours between."""
+    ``list_topics`` and the transaction calls). Records go to the client's own ``produce``, no Python call of ours
+    between. Its reports name records by content; :meth:`take_reports` matches them to the sends since the queue
+    was last empty, counting every record of a failed content as failed (possibly one more copy sent again, never
+    one lost)."""
 
     kind = "confluent"
 
     def __init__(self, make_client: Callable[[FailureReport], Any], client_conf: dict[str, Any] | None = None) -> None:
-        """``make_client(on_failure)``: the client, made to report its failed deliveries to ``on_failure``."""
-        # A plain function over a one-item list: the client holds its callback, and a callback holding the
-        # producer (a bound method) would make a cycle that only the garbage collector breaks.
-        slot: list[Ledger | None] = [None]
-
-        def on_failure(err: KafkaError | None, msg: Message) -> None:
-            ledger = slot[0]
-            if ledger is None:
-                return
-            if err is not None:
-                ledger.on_failure(err, msg)
-            else:
-                ledger.on_acknowledged(msg.topic(), msg.partition(), msg.offset())
-
-        self.client = make_client(on_failure)
-        self._slot = slot
+        """``make_client(on_delivery)``: the client, made to report its deliveries to ``on_delivery``."""
+        # The client holds a bound method of the inbox, not of this producer: no cycle for the garbage collector.
+        self._inbox = _Inbox()
+        self.client = make_client(self._inbox.report)
         self._client_conf = client_conf  # for the consumer that carries a commit marker's group metadata
+        self._sent: list[_Sent] = []
+        self._reported: set[tuple[int, int]] = set()  # (slot, index) already reported failed since the last drain
 
     @classmethod
     def open(cls, conf: dict[str, Any], client_conf: dict[str, Any] | None = None) -> ConfluentProducer:
         """confluent-kafka's producer with configuration ``conf``, reporting every delivery (a success gives its
         record's offset to the write's summary); librdkafka's log lines go to the sink's logger (served by poll), as
         the native producer's do."""
-        return cls(lambda on_failure: Producer({**conf, "delivery.report.only.error": False, "on_delivery": on_failure,
-                                                "logger": get_logger("librdkafka")}), client_conf)
+        return cls(lambda on_delivery: Producer({**conf, "delivery.report.only.error": False,
+                                                 "on_delivery": on_delivery, "logger": get_logger("librdkafka")}),
+                   client_conf)
 
-    @property
-    def ledger(self) -> Ledger | None:
-        return self._slot[0]
+    def send(self, batch: pa.RecordBatch, topic: str | None, slot: int, rows: list[int] | None) -> int:
+        """One ``produce`` call per record, driven from C; a refused record stops the send there."""
+        records = to_records(batch)
+        columns = _arguments(records, topic, rows)
+        count = len(columns[1])
+        try:
+            _send_in_order(self.client, columns)
+        except Stopped as stop:
+            if stop.index:
+                self._sent.append(_Sent(slot, batch, topic, rows, stop.index))
+            partition = columns[3][stop.index] if len(columns) > 3 else -1
+            raise Stopped(stop.index, stop.cause, columns[0][stop.index], partition) from None
+        self._sent.append(_Sent(slot, batch, topic, rows, count))
+        return count
 
-    @ledger.setter
-    def ledger(self, ledger: Ledger | None) -> None:
-        self._slot[0] = ledger
+    def take_reports(self) -> Reports:
+        inbox = self._inbox
+        reports = Reports(written=list(inbox.written.ranges()))
+        if inbox.failures:
+            reports.failures = self._match(inbox.failures)
+        inbox.failures, inbox.written = [], WrittenOffsets()
+        if self._sent and len(self.client) == 0:  # every record sent so far has had its report
+            self._sent.clear()
+            self._reported.clear()
+        return reports
 
-    def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
-                     ledger: Ledger, scrub: Callable[[str], str]) -> int:
-        return produce(self.client, to_records(batch), topic, seg_first, skip, ledger, scrub,
-                       lambda: to_records(batch))
+    def _match(self, failed: list[tuple[tuple[str | None, bytes | None, bytes | None], KafkaError, int]]
+               ) -> list[Failure]:
+        """The records of the sends since the queue was last empty whose content a failure report named."""
+        errors = {content: (err, partition) for content, err, partition in failed}
+        out = []
+        for sent in self._sent:
+            records = to_records(sent.batch)
+            n = len(records)
+            fields = list(zip(records.topics or [sent.topic] * n, records.keys or [None] * n, records.values,
+                              strict=True))
+            chosen = fields if sent.rows is None else [fields[i] for i in sent.rows]
+            for i, (t, k, v) in enumerate(chosen[:sent.taken]):
+                found = errors.get((t, _b(k), _b(v)))
+                if found is not None and (sent.slot, i) not in self._reported:
+                    self._reported.add((sent.slot, i))
+                    out.append(Failure(sent.slot, i, found[0], t, found[1]))
+        return out
 
     def poll(self, timeout: float = 0) -> int:
         return self.client.poll(timeout)
@@ -118,37 +169,14 @@ class ConfluentProducer:
         self.client.abort_transaction(timeout_s)
 
 
+def _b(data: object) -> bytes | None:
+    """A field as the producer sent it (str is sent as UTF-8)."""
+    return data.encode() if isinstance(data, str) else data  # type: ignore[return-value]
+
+
 # produce()'s own defaults for its optional positional arguments: key, partition, on_delivery, callback,
 # timestamp, headers.
 _DEFAULTS: tuple[object, ...] = (None, -1, None, None, 0, None)
-
-
-def produce(producer: Producer, records: KafkaRecords, topic: str | None, seg_first: int,
-            skip: list[bool] | None, ledger: Ledger, scrub: Callable[[str], str],
-            recompute: Callable[[], KafkaRecords] | None = None) -> int:
-    """Hand one segment's records to the producer, except those marked in ``skip`` (already delivered),
-    which are booked as acknowledged. Returns how many were handed over. ``recompute`` gives the records
-    again if a failure report must be matched (default: keep ``records`` until the next drain).
-
-    Blocks (serving reports) while librdkafka's local queue is full: nothing is dropped, and records keep
-    their order. This is the hot loop of the sink: one ``produce`` call per record, no per-record callback,
-    and no per-record Python bytecode either (``map`` drives the calls from C, about 2x a ``for`` loop)."""
-    n = len(records)
-    with ledger.handing_over(seg_first, n, skip, topic, recompute or (lambda: records)) as handover:
-        columns = _arguments(records, topic, handover.rows)
-        with fatal_errors():
-            try:
-                _send_in_order(producer, columns)
-                handover.taken = handover.count
-            except _Stopped as stop:
-                handover.taken = stop.index
-                if isinstance(stop.exc, KafkaException):
-                    partition = columns[3][stop.index] if len(columns) > 3 else -1
-                    raise refused(stop.exc, handover.position(stop.index), columns[0][stop.index], partition, scrub,
-                                  ledger.first_error()) from None
-                raise stop.exc  # noqa: B904 - as it was: fatal_errors() reads a SystemError's cause
-            producer.poll(0)
-    return handover.taken
 
 
 def _arguments(records: KafkaRecords, topic: str | None, rows: list[int] | None) -> list[list[Any]]:
@@ -174,19 +202,10 @@ def _arguments(records: KafkaRecords, topic: str | None, rows: list[int] | None)
     return columns
 
 
-class _Stopped(Exception):
-    """``exc`` stopped the sending at row ``index``: the rows before it were handed over, it and later ones not."""
-
-    def __init__(self, index: int, exc: BaseException) -> None:
-        super().__init__(index)
-        self.index = index
-        self.exc = exc
-
-
 def _send_in_order(producer: Producer, columns: list[list[Any]]) -> None:
     """Call ``produce`` once per row of ``columns`` (its positional arguments, column by column), from C.
     When librdkafka's queue is full the row that did not fit is retried (serving reports) before any later
-    row is tried, so rows are handed over in order. Raises _Stopped when anything else stops it."""
+    row is tried, so rows are handed over in order. Raises Stopped when anything else stops it."""
     send = producer.produce
     count = len(columns[1])
     rows = [iter(column) for column in columns]
@@ -198,11 +217,11 @@ def _send_in_order(producer: Producer, columns: list[list[Any]]) -> None:
             # map took row i from every column before its call failed: the rest is what the columns have left.
             i = count - length_hint(rows[1]) - 1
             if not isinstance(exc, BufferError):
-                raise _Stopped(i, exc) from None
+                raise Stopped(i, exc) from None
             try:
                 _send_when_room(producer, *(column[i] for column in columns))
             except BaseException as failed:
-                raise _Stopped(i, failed) from None
+                raise Stopped(i, failed) from None
 
 
 def _send_when_room(producer: Producer, *record: object) -> None:

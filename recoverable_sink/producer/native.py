@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.producer.arguments import producer_columns
-from recoverable_sink.producer.failures import fatal_errors, refused
-from recoverable_sink.producer.ledger import Handover, Ledger
+from recoverable_sink.producer.reports import Failure, Reports, Stopped
 
 log = get_logger("producer")
 _librdkafka_log = get_logger("librdkafka")  # librdkafka's own lines; producer.confluent routes its own there too
@@ -79,10 +77,10 @@ def _first_in_executor(what: str) -> bool:
 
 
 class NativeProducer:
-    """A librdkafka producer fed from Arrow arrays by the ``_produce`` extension. Failure reports and the written
-    offsets (success reports folded in C) are collected after every ``poll``/``flush`` and handed to ``ledger``
-    (set by the task using it), and
-    librdkafka's log lines, kept in C meanwhile, go to the ``recoverable_sink.librdkafka`` logger then."""
+    """A librdkafka producer fed from Arrow arrays by the ``_produce`` extension. Failure reports (by the slot and
+    index each record's opaque carries) and the written offsets (success reports folded in C) wait in C until
+    :meth:`take_reports`; librdkafka's log lines, kept in C meanwhile, go to the ``recoverable_sink.librdkafka``
+    logger after every ``poll``/``flush``."""
 
     kind = "native"
 
@@ -93,30 +91,28 @@ class NativeProducer:
         # offsets=True: acknowledged records are reported too, folded in C into each topic-partition's first and
         # last offset (the write's summary says where its records went).
         self._p = module.Producer({k: str(v) for k, v in conf.items()}, offsets=True)
-        self.ledger: Ledger | None = None
 
-    def _collect(self) -> None:
+    def _logs(self) -> None:
         for level, line in self._p.take_logs():  # kept in C: librdkafka's threads cannot call Python
             _librdkafka_log.log(_SYSLOG_LEVELS[min(max(level, 0), 7)], line)
-        failures = self._p.take_failures()
+
+    def take_reports(self) -> Reports:
+        failures = [Failure(opaque >> 32, opaque & 0xFFFFFFFF, KafkaError(code), topic, partition)
+                    for opaque, code, partition, topic in self._p.take_failures()]
         written, complete = self._p.take_written()
-        if self.ledger is not None:
-            if failures:
-                self.ledger.on_failures_at(failures)
-            if written or not complete:
-                self.ledger.on_written(written, complete)
+        return Reports(failures, written, complete)
 
     def poll(self, timeout: float = 0) -> int:
         try:
             return self._p.poll(timeout)
         finally:
-            self._collect()
+            self._logs()
 
     def flush(self, timeout: float = -1) -> int:
         try:
             return self._p.flush(timeout)
         finally:
-            self._collect()
+            self._logs()
 
     def __len__(self) -> int:
         return len(self._p)
@@ -124,37 +120,17 @@ class NativeProducer:
     def purge(self) -> None:
         self._p.purge()
 
-    def _send(self, topic: str | None, batch: pa.RecordBatch, slot: int) -> tuple[int, int, str]:
-        """Hand every row of a normalised batch over, in order: (rows handed, error code, text)."""
-        return self._p.send(topic, slot, *producer_columns(batch))
-
-    def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
-                     ledger: Ledger, scrub: Callable[[str], str]) -> int:
-        """The batch's Arrow arrays go to librdkafka in one C call; each record's opaque is its slot and row."""
-        with ledger.handing_over(seg_first, batch.num_rows, skip, topic) as handover:
-            if handover.rows is not None:
-                batch = batch.take(pa.array(handover.rows, pa.int64()))
-            code, text = 0, ""
-            with fatal_errors():
-                if batch.num_rows:  # every row may have been skipped
-                    handover.taken, code, text = self._send(topic, batch, handover.slot)
-                if code:
-                    # A handle in a fatal state (fenced, idempotence lost) refuses every record with that error's
-                    # code: poll raises it as fatal, which the task reports as such, not as this record's problem.
-                    self.poll(0)
-                    raise self._refused(batch, handover, topic, KafkaException(KafkaError(code, text)), scrub,
-                                        ledger)
-                self.poll(0)
-        return handover.taken
-
-    @staticmethod
-    def _refused(batch: pa.RecordBatch, handover: Handover, topic: str | None, exc: KafkaException,
-                 scrub: Callable[[str], str], ledger: Ledger) -> Exception:
-        """The error for the record the C loop stopped at (``handover.taken``), named as the task names records."""
-        i, names = handover.taken, batch.schema.names
-        row_topic = batch.column("topic")[i].as_py() if "topic" in names else topic
-        part = batch.column("partition")[i].as_py() if "partition" in names else None
-        return refused(exc, handover.position(i), row_topic, -1 if part is None else part, scrub, ledger.first_error())
+    def send(self, batch: pa.RecordBatch, topic: str | None, slot: int, rows: list[int] | None) -> int:
+        """The batch's Arrow arrays go to librdkafka in one C call; each record's opaque is its slot and index."""
+        if rows is not None:
+            batch = batch.take(pa.array(rows, pa.int64()))
+        taken, code, text = self._p.send(topic, slot, *producer_columns(batch))
+        if code:
+            names = batch.schema.names
+            row_topic = batch.column("topic")[taken].as_py() if "topic" in names else topic
+            part = batch.column("partition")[taken].as_py() if "partition" in names else None
+            raise Stopped(taken, KafkaException(KafkaError(code, text)), row_topic, -1 if part is None else part)
+        return taken
 
     def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
         count, code, text = self._p.partition_count(topic, timeout_s)

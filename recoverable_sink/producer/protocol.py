@@ -6,29 +6,29 @@ implementations stand behind it: :mod:`recoverable_sink.producer.native` (the ``
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import pyarrow as pa
 
-from recoverable_sink.producer.ledger import Ledger
+from recoverable_sink.producer.reports import Reports
 
 
 class SinkProducer(Protocol):
-    """A librdkafka producer whose delivery reports go to ``ledger`` (set by the task using it for its duration:
-    producers are reused by the tasks a Python worker runs, one at a time): failures by record, successes as the
-    written offsets."""
+    """A librdkafka producer that keeps its delivery reports until they are taken (:meth:`take_reports`). Producers
+    are reused by the tasks a Python worker runs, one at a time; a task's
+    :class:`~recoverable_sink.producer.ledger.Ledger` sends through one and drains its reports."""
 
     kind: str  # "native" or "confluent": named in the commit message and the worker's log
-    ledger: Ledger | None
 
-    def send_segment(self, batch: pa.RecordBatch, topic: str | None, seg_first: int, skip: list[bool] | None,
-                     ledger: Ledger, scrub: Callable[[str], str]) -> int:
-        """Hand one WAL segment's records (a normalised batch) over in order through
-        :meth:`Ledger.handing_over`, except those marked in ``skip`` (already delivered: booked as acknowledged);
-        returns how many were handed over. Blocks (serving reports) while librdkafka's queue is full: nothing is
-        dropped. A refused record raises :func:`~recoverable_sink.producer.failures.refused`'s error kind; the
-        records before it stay handed over."""
+    def send(self, batch: pa.RecordBatch, topic: str | None, slot: int, rows: list[int] | None) -> int:
+        """Hand the batch's records (a normalised batch; only ``rows`` of it where given) over in order, each
+        tagged with ``slot`` and its index among those handed over, so a failure report names it; returns how many
+        were handed over (all). Blocks (serving reports) while librdkafka's queue is full: nothing is dropped.
+        Raises :class:`~recoverable_sink.producer.reports.Stopped` where it stopped before the last record."""
+        ...
+
+    def take_reports(self) -> Reports:
+        """The reports collected (by ``poll``, ``flush`` and waits for room) since the last call."""
         ...
 
     def poll(self, timeout: float = 0) -> int: ...

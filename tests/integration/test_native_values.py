@@ -30,19 +30,18 @@ def test_values_arrive_intact_when_the_batch_is_dropped_and_its_memory_reused_be
     # linger.ms: the records are still in librdkafka's queue when the batch is dropped.
     producer = NativeProducer({"bootstrap.servers": kafka.bootstrap_servers, "acks": "all",
                                "enable.idempotence": "true", "linger.ms": "200"})
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer)
     values = [os.urandom(2000) for _ in range(3000)] + [os.urandom(100_000) for _ in range(20)]
     before = pa.total_allocated_bytes()
     batch = pa.RecordBatch.from_pydict({"key": [b"%d" % i for i in range(len(values))], "value": values})
     size = batch.column("value").nbytes  # the producer keeps the values' buffers; the keys are copied
-    assert producer.send_segment(batch, topic, 0, None, ledger, str) == len(values)
+    assert ledger.send(batch, topic, 0) == len(values)
     del batch
     gc.collect()
     assert pa.total_allocated_bytes() - before >= size  # every reference dropped here; the producer keeps it
     overwrite = [pa.array([b"\xee" * len(v) for v in values], pa.binary()) for _ in range(3)]
     kept = pa.total_allocated_bytes() - sum(a.nbytes for a in overwrite)
-    ledger.wait_for_acks(producer, 60)
+    ledger.wait_for_acks(60)
     assert ledger.acked == len(values) and ledger.failed == 0
     assert kept - (pa.total_allocated_bytes() - sum(a.nbytes for a in overwrite)) >= size  # let go once drained
     got = read_topic(kafka.bootstrap_servers, topic, expected=len(values))

@@ -362,7 +362,7 @@ class ResumeModel(RuleBasedStateMachine):
         """A copy becomes visible to read_committed readers: a repeat must be excused."""
         seen = self.copies[cluster].setdefault(d, [])
         if cluster == RIGHT and self.committed[cluster][d] >= self.expected[d_value(d, self.values)]:
-            self.excuse_repeat(d, seen, host, run)
+            self.excuse_repeat(d, seen, copy, run)
         self.committed[cluster][d] += 1
         seen.append(copy)
 
@@ -372,7 +372,8 @@ class ResumeModel(RuleBasedStateMachine):
         return copy.host == host and a is not None and not a.trimmed and copy.index < len(a.acked) and \
             a.acked[copy.index]
 
-    def excuse_repeat(self, d: bytes, seen: list[Copy], host: int, run: Run) -> None:
+    def excuse_repeat(self, d: bytes, seen: list[Copy], sent: Copy, run: Run) -> None:
+        host = sent.host
         hidden = [c for c in seen if not self.visible(c, host)]
         if not hidden and self.exactly_once and self.expired and any(
                 self.hosts[c.host].attempts[c.key].state != DONE for c in seen):
@@ -384,17 +385,16 @@ class ResumeModel(RuleBasedStateMachine):
             self.excused["at_least_once: acknowledgement lost in the kill window" if all(
                 self.window_lost(c) for c in hidden) else "at_least_once: proof on another host, lost or trimmed"] += 1
             return
-        self.excused[self.gap(run, host, seen)] += 1
+        self.excused[self.gap(run, sent, seen)] += 1
 
     def window_lost(self, c: Copy) -> bool:
         a = self.hosts[c.host].attempts.get(c.key)
         return a is not None and not a.acked[c.index]
 
-    def gap(self, run: Run, host: int, seen: list[Copy]) -> str:
+    def gap(self, run: Run, sent: Copy, seen: list[Copy]) -> str:
         """The known gap that excuses a repeat or a loss under exactly_once; a Violation if none does."""
-        hidden = [c for c in seen if not self.visible(c, host)]
-        if any(self.hosts[c.host].attempts.get(c.key) is not None and self.hosts[c.host].attempts[c.key].trimmed
-               and c.host == host for c in hidden):
+        host, p = sent.host, self.hosts[sent.host].attempts[sent.key].partition
+        if any(self.could_prove(c, host, run, p) and self.hosts[host].attempts[c.key].trimmed for c in seen):
             raise Violation("exactly_once sent a record whose committed copy's proof was trimmed on this host")
         if self.expired:
             return "expired-markers-proof-elsewhere"
@@ -403,6 +403,13 @@ class ResumeModel(RuleBasedStateMachine):
         if len(self.values) != len(set(self.values)):
             return "equal-records-proof-spread"
         raise Violation(f"exactly_once repeated a record with no known gap to excuse it ({run.run_id})")
+
+    def could_prove(self, c: Copy, host: int, run: Run, p: int) -> bool:
+        """Whether ``c`` was sent from ``host`` by an attempt whose proof a task of ``run``'s partition ``p`` may
+        use: any other run's, or its own partition's (a run's other partitions hold other rows, whatever their
+        values)."""
+        a = self.hosts[host].attempts.get(c.key) if c.host == host else None
+        return a is not None and (a.run != run.run_id or a.partition == p)
 
     def check_nothing_lost(self, run: Run) -> None:
         for value, n in self.expected.items():

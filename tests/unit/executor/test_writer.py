@@ -135,8 +135,9 @@ def test_rerun_of_a_finished_write_sends_nothing(wal_dir):
 
 
 def test_a_fatal_producer_error_fails_the_task_naming_it_and_a_retry_skips_what_was_drained_before_it(wal_dir):
-    """Acknowledgements are learnt at drains: the 300 records drained before the fatal error are skipped by
-    the retry; the 200 acknowledged after it were never reported, so they are sent again (never lost)."""
+    """Acknowledgements are learnt at drains (a checkpoint, or any send after which the queue is found empty): the
+    400 records drained before the fatal error are skipped by the retry; the 100 acknowledged after the last drain
+    were never learnt, so they are sent again (never lost)."""
     opts = options(wal_dir)
     first = FakeProducer(fatal_after=500)
     writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(first))
@@ -150,7 +151,7 @@ def test_a_fatal_producer_error_fails_the_task_naming_it_and_a_retry_skips_what_
     writer.abort()
     second = FakeProducer()
     finish(opts, second, rows(1000), attempt=1)
-    assert len(second.delivered) == 700
+    assert (len(first.delivered), len(second.delivered)) == (500, 600)
     assert set(first.values() + second.values()) == set(rows(1000))
 
 
@@ -189,7 +190,7 @@ def test_acknowledgements_carried_by_a_refused_batch_are_saved_by_the_abort_and_
     writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(producer))
     writer.write(batches(data[:100])[0])
     writer.write(batches(data[100:200])[0])  # hands the first batch to the producer
-    writer.ledger.serve(producer)  # its 100 records acknowledged, not saved yet
+    writer.ledger.serve()  # its 100 records acknowledged, not saved yet
     with pytest.raises(WalFullError, match="wal.maxBytes=4000"):
         writer.write(batches(data[200:], size=200)[0])  # refused, with the bitmap it carried
         writer.commit()
@@ -271,27 +272,6 @@ def test_digest_covers_every_part_of_a_record(column):
     assert digests[:16] != digests[16:]
 
 
-def test_a_drain_marks_acknowledged_only_records_handed_over_and_not_named_by_a_failure_report():
-    """Record 3 was refused by produce() (it and those after it were never handed over) and record 1's
-    content came back in a failure report: a drain marks records 0 and 2 only."""
-    from confluent_kafka import KafkaError
-
-    from recoverable_sink.producer.arguments import KafkaRecords
-    from recoverable_sink.producer.ledger import Ledger
-    from tests.unit.fakes import Sent, _Msg
-
-    values = [b"a", b"b", b"c", b"d", b"e"]
-    records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
-    ledger = Ledger()
-    with ledger.handing_over(0, 5, None, "t", lambda: records) as handover:
-        handover.taken = 3
-    ledger.on_failure(KafkaError(KafkaError._MSG_TIMED_OUT), _Msg(Sent("t", b"b", None, 0, 0, None)))
-    assert ledger.outstanding == 2
-    ledger.serve(FakeProducer())  # an empty queue: a drain
-    assert (bytes(ledger.take_changes()[0]), ledger.acked, ledger.failed, ledger.outstanding) == \
-        (b"\1\0\1\0\0", 2, 1, 0)
-
-
 def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
     """A fenced transactional producer's flush can fail with a bare SystemError: the task must fail as on
     any fatal producer error (its acknowledgements are kept, the producer dropped), not on an odd type."""
@@ -301,42 +281,6 @@ def test_a_client_call_that_fails_without_an_error_is_a_fatal_producer_error():
         with fatal_errors():
             raise SystemError("<method 'flush' of 'cimpl.Producer' objects> returned NULL without setting an "
                               "exception")
-
-
-def _records(values: list[bytes]) -> tuple:
-    from recoverable_sink.producer.arguments import KafkaRecords
-    from recoverable_sink.producer.ledger import Ledger
-
-    records = KafkaRecords(values=values, keys=None, topics=None, partitions=None, headers=None, timestamps=None)
-    return records, Ledger()
-
-
-def test_a_full_producer_queue_holds_the_rest_back_and_every_record_goes_out_once_in_order():
-    from recoverable_sink.producer.confluent import produce
-
-    values = [b"%d" % i for i in range(10)]
-    records, ledger = _records(values)
-    # poll() empties the queue: room comes back while produce() waits
-    producer = FakeProducer(queue_max=3, on_delivery=ledger.on_failure)
-    skip = [i in (1, 6) for i in range(10)]
-    assert produce(producer, records, "t", 0, skip, ledger, str) == 8
-    producer.flush()
-    assert producer.values() == [v for v, s in zip(values, skip, strict=True) if not s]
-
-
-@pytest.mark.parametrize("skip", [None, [False, True, False, False, False]], ids=["all", "one-skipped"])
-def test_a_record_the_producer_refuses_midway_is_named_and_only_those_before_it_count_as_handed_over(skip):
-    from recoverable_sink.errors import RecordError
-    from recoverable_sink.producer.confluent import produce
-
-    records, ledger = _records([b"a", b"b", b"c", b"d", b"e"])
-    producer = FakeProducer(refuse=b"d", on_delivery=ledger.on_failure)
-    with pytest.raises(RecordError, match=r"record 13 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
-        produce(producer, records, "t", 10, skip, ledger, str)
-    handed = 3 if skip is None else 2
-    assert ledger.produced == handed
-    ledger.serve(FakeProducer())  # an empty queue: a drain
-    assert bytes(ledger.take_changes()[10]) == b"\1\1\1\0\0"  # skipped or acknowledged; the refused and later not
 
 
 def test_a_batch_over_the_segment_size_is_logged_and_sent_in_order_in_segments_of_its_digests(wal_dir):

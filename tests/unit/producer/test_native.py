@@ -33,11 +33,10 @@ def _batch(n: int, start: int = 0) -> pa.RecordBatch:
 
 def test_every_row_handed_over_is_acknowledged_at_the_drain() -> None:
     producer = _mock()
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer)
     for first in (0, 500, 1000):
-        assert producer.send_segment(_batch(500, first), "t", first, None, ledger, str) == 500
-    ledger.wait_for_acks(producer, 30)
+        assert ledger.send(_batch(500, first), "t", first) == 500
+    ledger.wait_for_acks(30)
     assert ledger.produced == ledger.acked == 1500 and ledger.failed == 0
     books = ledger.take_changes()
     assert [bytes(books[f]) for f in (0, 500, 1000)] == [b"\x01" * 500] * 3
@@ -45,20 +44,18 @@ def test_every_row_handed_over_is_acknowledged_at_the_drain() -> None:
 
 def test_skipped_rows_count_as_acknowledged_and_the_rest_are_sent() -> None:
     producer = _mock()
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer)
     skip = [i % 3 == 0 for i in range(30)]
-    assert producer.send_segment(_batch(30), "t", 0, skip, ledger, str) == 20
-    ledger.wait_for_acks(producer, 30)
+    assert ledger.send(_batch(30), "t", 0, skip) == 20
+    ledger.wait_for_acks(30)
     assert ledger.produced == ledger.acked == 20
     assert bytes(ledger.take_changes()[0]) == b"\x01" * 30
 
 
 def test_a_segment_whose_rows_were_all_delivered_earlier_sends_nothing() -> None:
     producer = _mock()
-    ledger = Ledger()
-    producer.ledger = ledger
-    assert producer.send_segment(_batch(4), "t", 0, [True] * 4, ledger, str) == 0
+    ledger = Ledger(producer)
+    assert ledger.send(_batch(4), "t", 0, [True] * 4) == 0
     assert bytes(ledger.take_changes()[0]) == b"\x01" * 4 and ledger.produced == 0
 
 
@@ -66,12 +63,11 @@ def test_a_failure_report_names_the_exact_row_that_failed() -> None:
     """Nothing listens on port 1: every record times out, and each report names its own segment and row."""
     producer = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "300",
                                "enable.idempotence": "true", "acks": "all", "log_level": "0"})
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer)
     skip = [i in (1, 4) for i in range(6)]
-    producer.send_segment(_batch(6), "t", 0, skip, ledger, str)
-    producer.send_segment(_batch(3, 6), "t", 6, None, ledger, str)
-    ledger.drain(producer, 10)
+    ledger.send(_batch(6), "t", 0, skip)
+    ledger.send(_batch(3, 6), "t", 6)
+    ledger.drain(10)
     assert ledger.failed == 7 and ledger.outstanding == 0
     # The skipped rows were delivered earlier; every row that was sent failed, and no other.
     books = ledger.take_changes()
@@ -82,13 +78,12 @@ def test_a_failure_report_names_the_exact_row_that_failed() -> None:
 
 def test_a_record_over_message_max_bytes_is_refused_by_position_and_the_rows_before_it_go_out() -> None:
     producer = _mock(**{"message.max.bytes": "1000"})
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer)
     batch = pa.RecordBatch.from_pydict({"value": [b"a", b"b", b"c" * 5000, b"d"]})
     with pytest.raises(RecordError, match="record 12 to topic t was refused by the producer: MSG_SIZE_TOO_LARGE"):
-        producer.send_segment(batch, "t", 10, None, ledger, str)
+        ledger.send(batch, "t", 10)
     assert ledger.produced == 2
-    ledger.wait_for_acks(producer, 30)
+    ledger.wait_for_acks(30)
     assert list(ledger.take_changes()[10]) == [1, 1, 0, 0]
 
 
@@ -96,11 +91,10 @@ def test_a_batch_larger_than_the_producers_queue_waits_for_room_and_hands_every_
     """A full queue refuses a row; the send waits for room and goes on instead of stopping there: every row is
     handed over, none fails, and the drain finds them all acknowledged."""
     producer = _mock(**{"queue.buffering.max.messages": "300"})
-    ledger = Ledger()
-    producer.ledger = ledger
-    assert producer.send_segment(_batch(2500), "t", 0, None, ledger, str) == 2500
-    assert producer.send_segment(_batch(700, 2500).slice(100), "t", 2600, None, ledger, str) == 600
-    ledger.wait_for_acks(producer, 30)
+    ledger = Ledger(producer)
+    assert ledger.send(_batch(2500), "t", 0) == 2500
+    assert ledger.send(_batch(700, 2500).slice(100), "t", 2600) == 600
+    ledger.wait_for_acks(30)
     assert ledger.produced == ledger.acked == 3100 and ledger.failed == 0
     books = ledger.take_changes()
     assert bytes(books[0]) == b"\x01" * 2500 and bytes(books[2600]) == b"\x01" * 600
@@ -117,11 +111,10 @@ def test_every_column_shape_is_accepted_sliced_or_not() -> None:
         "headers": pa.array([[("h", b"x"), ("n", None)], None, [], [("h", b"")], None], HEADERS),
     })
     producer = _mock()
-    ledger = Ledger()
-    producer.ledger = ledger
-    assert producer.send_segment(batch, "t", 0, None, ledger, str) == 5
-    assert producer.send_segment(batch.slice(2), "t", 5, None, ledger, str) == 3
-    ledger.wait_for_acks(producer, 30)
+    ledger = Ledger(producer)
+    assert ledger.send(batch, "t", 0) == 5
+    assert ledger.send(batch.slice(2), "t", 5) == 3
+    ledger.wait_for_acks(30)
     assert ledger.acked == 8 and ledger.failed == 0
 
 
@@ -135,10 +128,9 @@ def test_rows_without_any_header_in_arrow_javas_layout_go_out() -> None:
     headers.validate(full=True)
     batch = pa.RecordBatch.from_arrays([pa.array([b"a", b"b"]), headers], names=["value", "headers"])
     producer = _mock()
-    ledger = Ledger()
-    producer.ledger = ledger
-    assert producer.send_segment(batch, "t", 0, None, ledger, str) == 2
-    ledger.wait_for_acks(producer, 30)
+    ledger = Ledger(producer)
+    assert ledger.send(batch, "t", 0) == 2
+    ledger.wait_for_acks(30)
     assert ledger.acked == 2
 
 
@@ -182,28 +174,25 @@ def test_every_column_is_taken_as_arrow_gives_it_large_and_string_types_included
     columns = producer_columns(batch)
     assert columns[0].type == pa.large_binary() and columns[5].type == batch.schema.field("headers").type
     producer = _mock()
-    ledger = Ledger()
-    producer.ledger = ledger
-    assert producer.send_segment(batch.slice(1), "t", 0, None, ledger, str) == 2
-    ledger.wait_for_acks(producer, 30)
+    ledger = Ledger(producer)
+    assert ledger.send(batch.slice(1), "t", 0) == 2
+    ledger.wait_for_acks(30)
     assert ledger.acked == 2 and ledger.failed == 0
 
 
 def test_a_drain_sends_what_linger_ms_would_still_hold_back() -> None:
     """A drain waits for the queue to empty; it must not wait out linger.ms to do so (a minute here)."""
     producer = _mock(**{"linger.ms": "60000"})
-    ledger = Ledger()
-    producer.ledger = ledger
-    producer.send_segment(_batch(50), "t", 0, None, ledger, str)
-    ledger.drain(producer, 20)
+    ledger = Ledger(producer)
+    ledger.send(_batch(50), "t", 0)
+    ledger.drain(20)
     assert ledger.acked == 50 and len(producer) == 0
 
 
 def test_a_flush_that_cannot_empty_the_queue_returns_at_its_deadline_with_what_is_left() -> None:
     nobody = NativeProducer({"bootstrap.servers": "127.0.0.1:1", "message.timeout.ms": "60000", "log_level": "0"})
-    ledger = Ledger()
-    nobody.ledger = ledger
-    nobody.send_segment(_batch(5), "t", 0, None, ledger, str)
+    ledger = Ledger(nobody)
+    ledger.send(_batch(5), "t", 0)
     assert nobody.flush(0) == 5
     assert nobody.flush(0.2) == 5
     assert ledger.failed == 0 and ledger.outstanding == 5
@@ -226,14 +215,13 @@ def test_each_sends_values_are_kept_while_queued_and_let_go_once_the_queue_is_em
     """Values are handed to librdkafka in place (no copy): the producer keeps each send's value column while
     librdkafka may still read it, and lets go of them all once a drain found its queue empty."""
     producer = _mock(**{"linger.ms": "200"})
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer)
     before = pa.total_allocated_bytes()
     size = _batch(100).column("value").nbytes + _batch(100, 100).column("value").nbytes  # keys are copied
-    producer.send_segment(_batch(100), "t", 0, None, ledger, str)  # no reference kept here
-    producer.send_segment(_batch(100, 100), "t", 100, None, ledger, str)
+    ledger.send(_batch(100), "t", 0)  # no reference kept here
+    ledger.send(_batch(100, 100), "t", 100)
     assert len(producer) > 0 and pa.total_allocated_bytes() - before >= size
-    ledger.wait_for_acks(producer, 30)
+    ledger.wait_for_acks(30)
     assert ledger.acked == 200 and pa.total_allocated_bytes() == before
 
 
@@ -241,10 +229,9 @@ def test_after_a_purge_the_values_are_kept_until_the_producer_is_closed() -> Non
     """A purge destroys in-flight records while their request may still be written from their values: those are
     kept however empty the queue, until the librdkafka handle itself is destroyed."""
     producer = _mock(**{"linger.ms": "200"})
-    ledger = Ledger()
-    producer.ledger = ledger
+    ledger = Ledger(producer)
     before, size = pa.total_allocated_bytes(), _batch(100).column("value").nbytes
-    producer.send_segment(_batch(100), "t", 0, None, ledger, str)
+    ledger.send(_batch(100), "t", 0)
     producer.purge()
     producer.flush(10)
     assert len(producer) == 0 and pa.total_allocated_bytes() - before >= size
