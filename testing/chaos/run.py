@@ -2,9 +2,9 @@
 brokers and real Spark; results in build/chaos/results.json and a markdown table.
 
     make chaos                              # CHAOS_TRIALS=3 CHAOS_ROWS=40000 CHAOS_SEED=<time>
-    CHAOS_ONLY=3,4 make chaos               # some scenarios only (by number)
+    CHAOS_ONLY=broker-kill-single,zombie-driver make chaos   # some scenarios only (by name, or number)
     CHAOS_MODES=exactly_once make chaos     # one delivery.guarantee only (default: both)
-    python -m testing.chaos.run --list      # the scenarios (number, name, modes), without running any
+    python -m testing.chaos.run --list      # the scenarios (number, name, title, modes), without running any
 
 Under exactly_once every scenario is strict, counted by a read_committed consumer; what a read_uncommitted
 consumer sees is reported in each trial's details.
@@ -36,6 +36,7 @@ def aggregate(scenario: Scenario, mode: str, trials: list[Trial]) -> dict[str, A
         errors.extend(e for e in t.errors if e not in errors)
     return {
         "id": scenario.id,
+        "scenario": scenario.name,
         "mode": mode,
         "name": scenario.title,
         "strict": scenario.strict or mode == EO,  # lost and duplicated must both be 0
@@ -72,7 +73,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def listing() -> str:
     """Every scenario of the registry, in campaign order: number, name, delivery guarantees."""
-    return "\n".join(f"{s.id}\t{s.title}\t{','.join(s.modes)}" for s in SCENARIOS)
+    return "\n".join(f"{s.id}\t{s.name}\t{s.title}\t{','.join(s.modes)}" for s in SCENARIOS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             lab = Lab(OUT / "work", kafka, kafka3, spark, guarantee=mode)
             for scenario in SCENARIOS:
-                if (only and scenario.id not in only) or mode not in scenario.modes:
+                if (only and not only & {scenario.id, scenario.name}) or mode not in scenario.modes:
                     continue
                 name = scenario.title
                 runs = []

@@ -9,19 +9,25 @@ import pytest
 
 from recoverable_sink import RecoverableKafkaDataSource
 from testing.chaos.lab import Lab
-from testing.chaos.scenarios import ALO, EO, SCENARIOS
+from testing.chaos.scenarios import ALO, EO, SCENARIOS, by_name
 
 # Under exactly_once the suite runs the faults that reach the transaction protocol; under at_least_once all
 # but the two that only show its documented limit (a lost WAL, speculation: both attempts send). make chaos
 # runs every scenario in both modes.
-_EO_IN_SUITE = {"1b", "2", "5", "12", "13", "14", "15", "16", "19", "22", "23"}
-_ALO_ONLY_IN_CAMPAIGN = {"15", "16"}
-# The 200-micro-batch stream takes minutes: the campaign runs it, the suite a 16-batch one (test_exactly_once);
-# test_cut_short is the suite's 17 and 18, test_field_faults its 21, test_reruns the batch form of 22, test_deadlines
-# its 24; 19, 22 and 23 run under exactly_once.
-_CAMPAIGN_ONLY = {"17", "18", "19", "20", "21", "22", "23", "24"}
-_CASES = [(s, ALO) for s in SCENARIOS if ALO in s.modes and s.id not in _ALO_ONLY_IN_CAMPAIGN | _CAMPAIGN_ONLY] + \
-         [(s, EO) for s in SCENARIOS if EO in s.modes and s.id in _EO_IN_SUITE]
+_EO_IN_SUITE = by_name("python-worker-kill-random-moment", "executor-jvm-kill", "broker-down-past-delivery-timeout",
+                       "stream-driver-kill-random", "stream-restart-to-another-topic", "shuffle-executor-kill",
+                       "executor-kill-wal-lost", "speculation", "stream-upstream-failures",
+                       "stream-rerun-repartitioned", "zombie-driver")
+_ALO_ONLY_IN_CAMPAIGN = by_name("executor-kill-wal-lost", "speculation")
+# Run by the campaign only; the suite has their cheaper forms elsewhere: the 200-micro-batch stream takes minutes
+# (test_exactly_once runs a 16-batch one), test_cut_short covers the two upstream failures of a batch write,
+# test_field_faults the sweep, test_reruns the batch form of the re-run on another partitioning, test_deadlines the
+# silenced commit; the stream's upstream failures, its re-run and the zombie driver run under exactly_once.
+_CAMPAIGN_ONLY = by_name("upstream-failure", "transient-upstream-failure", "stream-upstream-failures",
+                         "long-stream-broker-state", "sweep-while-running", "stream-rerun-repartitioned",
+                         "zombie-driver", "silenced-commit")
+_CASES = [(s, ALO) for s in SCENARIOS if ALO in s.modes and s.name not in _ALO_ONLY_IN_CAMPAIGN | _CAMPAIGN_ONLY] + \
+         [(s, EO) for s in SCENARIOS if EO in s.modes and s.name in _EO_IN_SUITE]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +40,7 @@ def chaos_env(spark, kafka, request, tmp_path_factory):
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
 
 
-@pytest.mark.parametrize(("scenario", "mode"), [pytest.param(s, m, id=f"{s.id}-{m}") for s, m in _CASES])
+@pytest.mark.parametrize(("scenario", "mode"), [pytest.param(s, m, id=f"{s.name}-{m}") for s, m in _CASES])
 def test_fault_scenario(chaos_env, scenario, mode):
     trial = scenario.run(Lab(*chaos_env, guarantee=mode), random.Random(f"test-{scenario.id}"), 16_000)
     assert trial.passed, f"{scenario.title} [{mode}]: {trial}"

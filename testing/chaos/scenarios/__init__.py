@@ -50,12 +50,25 @@ ALO, EO = "at_least_once", "exactly_once"
 
 @dataclass(frozen=True)
 class Scenario:
-    id: str  # what CHAOS_ONLY and the test ids use
+    id: str  # its number in the campaign's table and results
     title: str
     run: Callable[[Lab, random.Random, int], Trial]
     strict: bool  # lost and duplicated must both be 0 (every scenario requires lost == 0)
     # delivery.guarantee values it runs under; under exactly_once every scenario is strict (read_committed)
     modes: tuple[str, ...] = (ALO, EO)
+
+    @property
+    def name(self) -> str:
+        """What the suite's test ids and CHAOS_ONLY choose it by: its trial's function, hyphenated."""
+        return self.run.__name__.replace("_", "-")
+
+
+def by_name(*names: str) -> set[str]:
+    """The names, checked against the registry (a renamed scenario must not drop silently out of a selection)."""
+    known = {s.name for s in SCENARIOS}
+    unknown = set(names) - known
+    assert not unknown, f"no such chaos scenario: {sorted(unknown)}"
+    return set(names)
 
 
 # Non-strict scenarios allow repeats only where the sink cannot know the outcome (records acknowledged after
