@@ -50,7 +50,8 @@ demo: setup
 unit: setup
 	$(PYTHON) -m pytest -q tests/unit --doctest-modules recoverable_sink
 
-# Real Spark and real Kafka brokers; the 15 slowest tests are listed at the end, to keep the suite short.
+# Real Spark and real Kafka brokers; the 15 slowest tests and the slowest files (tests/conftest.py) are listed at
+# the end, to keep the suite short.
 integration: setup
 	$(PYTHON) -m testing.spark --class-archive
 	$(PYTHON) -m pytest -q --durations=15 tests/integration
