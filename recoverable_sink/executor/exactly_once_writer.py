@@ -149,9 +149,9 @@ class ExactlyOnceWriter(AtLeastOnceWriter):
         self.txn.close()
         marker = self.txn.marker
         assert marker is not None
-        # A marker without a fingerprint is judged by its count. Seen in the fault campaign: a task reading a
-        # shuffle whose upstream fetch failed saw its input end early, committed that part, and only then failed in
-        # the JVM; skipping the whole partition would have lost the rest.
+        # A marker without a fingerprint is judged by its count: a task reading a shuffle whose upstream fetch
+        # failed can see its input end early, commit that part and only then fail in the JVM; skipping the whole
+        # partition would lose the rest.
         refusal = judge_skipped(self._task(), marker, self.fingerprint, self.position, self.log.path)
         if refusal is not None:
             raise RerunRefusedError(refusal.message)

@@ -93,10 +93,10 @@ def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, fir
 
 def _largest_record_bound(batch: pa.RecordBatch) -> int:
     """No record of the batch is larger than this (as :func:`_record_sizes` counts): the longest key and value,
-    and as many of the longest header as the most headers a record has. Sizing each record's headers took 0.64
-    ms per batch of 10,000 records with two headers each (numpy over every header), about 4% of the Python
-    worker's CPU in a write; this bound takes a few Arrow passes and clears an ordinary batch at once, so the
-    exact sizes are left for batches near the limit."""
+    and as many of the longest header as the most headers a record has. Sizing every record's headers costs a
+    visible share of a worker's CPU (docs/performance.md, "Records sized only near the limit"); this bound takes a
+    few Arrow passes and clears an ordinary batch at once, so the exact sizes are left for batches near the
+    limit."""
     names = batch.schema.names
     bound = _RECORD_OVERHEAD + _longest(batch.column("value"))
     if "key" in names:

@@ -154,10 +154,9 @@ static size_t message_from_row(Message *m, const Columns *c, Py_ssize_t i, rd_ka
         vu[cnt].vtype = RD_KAFKA_VTYPE_HEADERS;
         vu[cnt++].u.headers = m->headers;
     }
-    /* No RD_KAFKA_MSG_F_COPY: the value is read from the Arrow buffer (kept in self->values). A copy per record
-     * cost a malloc and a memcpy of the value on this thread and its free on librdkafka's: one batch of 10,000
-     * records handed over took 6.0 -> 3.5 ms with 1 KB values, 25 -> 3.5 ms with 10 KB (the key and the headers
-     * are still copied by librdkafka). */
+    /* No RD_KAFKA_MSG_F_COPY: the value is read from the Arrow buffer (kept in self->values), saving a malloc and
+     * a memcpy per record on this thread and a free on librdkafka's (docs/performance.md, "Values read in place");
+     * librdkafka still copies the key and the headers. */
     vu[cnt].vtype = RD_KAFKA_VTYPE_MSGFLAGS;
     vu[cnt++].u.i = 0;
     vu[cnt].vtype = RD_KAFKA_VTYPE_OPAQUE;
@@ -200,8 +199,7 @@ static int produce_waiting(Producer *self, Message *m, size_t cnt, Outcome *o) {
         }
         k_rd_kafka_error_destroy(error);
         /* Room is made as acknowledgements come back, and a poll ends early only once a report is served: a
-         * short wait. At 50 ms a 32 MB queue (kafka.buffer.memory, the Java
-         * client's default) of 10 KB values cost 8% against the default queue, at 5 ms 4%. */
+         * short wait (docs/performance.md, "Native produce loop"). */
         k_rd_kafka_poll(self->rk, 5);
     }
 }

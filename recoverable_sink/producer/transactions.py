@@ -61,8 +61,8 @@ _ADMINS_MAX = 4
 
 def _admin(options: SinkOptions) -> AdminClient:
     """An admin client for these connection settings, kept for the process's later calls (a worker's later
-    tasks, a driver's later writes): a new client's first request waits for its connection to the cluster
-    (about 30 ms even on one host), which every partition's marker read would pay again."""
+    tasks, a driver's later writes): a new client's first request waits for its connection to the cluster, which
+    every partition's marker read would pay again (docs/performance.md, "Short-lived clients connect at once")."""
     key = tuple(sorted(client_config(options).items()))
     with _admins_lock:
         admin = _admins.pop(key, None)
