@@ -251,12 +251,18 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
         ours = {p.key for p in committed}
         return Send(resume=tuple(h for h in holders if h.key not in ours), all_acknowledged=True,
                     claim=tuple(committed), holders=tuple(holders), committed_records=m.records, overdue=overdue)
-    # Another run committed this partition number; the rows may be split otherwise now, so judge by content.
-    by_name = {p.name: p for p in committed}
+    # Another run committed this partition number since; the rows may be split otherwise now, so judge by content.
+    # This run's own attempts of the partition marked done committed all they logged too (a zombie of an overtaken
+    # run whose marker the brokers expired before the newer run wrote its own): they are skipped record by record.
+    own_done = [p for p in priors if p.partition == t.partition and p.exactly_once and p.state == DONE
+                and p.run == t.run and p not in committed]
+    by_name = {p.name: p for p in [*committed, *own_done]}
     holders = [by_name[n] for n in m.attempts or () if n in by_name]
-    if not _proves(holders, m) or trimmed:
+    if not _proves(holders, m) or trimmed or any(p.trimmed for p in own_done):
         return SkipIfCommitted(m, f"run {m.run} committed this partition and this host's WAL lacks its digests")
-    return Send(claim=tuple(committed), holders=tuple(holders), committed_records=m.records, overdue=overdue)
+    extra = [p for p in own_done if p.name not in set(m.attempts or ())]
+    return Send(resume=tuple(own_done), all_acknowledged=True, claim=tuple(committed), holders=(*holders, *extra),
+                committed_records=m.records + sum(p.records for p in extra), overdue=overdue)
 
 
 def _proves(holders: list[Prior], m: Marker) -> bool:

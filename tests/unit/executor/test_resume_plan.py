@@ -44,3 +44,19 @@ def test_exactly_once_waits_for_no_other_attempt_its_transactional_id_has_fenced
     other = _prior("a", 0, "run-1", seq=1, exactly_once=True)
     assert isinstance(rp.plan(rp.Evidence(_task(0, "run-2", seq=None, exactly_once=True), priors=(other,))),
                       rp.Send)
+
+
+def test_a_zombie_whose_own_commit_lost_its_marker_skips_it_though_another_run_marked_the_partition_since():
+    """Run 1 committed partition 0 (done in the WAL); the brokers expired its marker; run 2, one partition, took
+    run 1's proof and committed its own marker for partition 0. A zombie task of run 1's partition 0 finds run 2's
+    marker: its own run's committed attempt still proves its rows (found by the model test)."""
+    from recoverable_sink.producer.marker import Marker
+
+    own = rp.Prior(key="w/000000/a", partition=0, run="run-1", state=DONE, exactly_once=True, records=2, seq=1)
+    newer = rp.Prior(key="w/000000/b", partition=0, run="run-2", state=DONE, exactly_once=True, records=2, seq=2)
+    marker = Marker(write_id="w", topic="t", records=2, attempts=("b",), run="run-2", partition=0)
+    plan = rp.plan(rp.Evidence(_task(0, "run-1", seq=None, tid=9, exactly_once=True), priors=(own, newer),
+                               own_marker=marker))
+    assert isinstance(plan, rp.Send) and plan.all_acknowledged
+    assert [p.key for p in plan.resume] == [own.key] and [p.key for p in plan.claim] == [newer.key]
+    assert ([p.key for p in plan.holders], plan.committed_records) == ([newer.key, own.key], 4)
