@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 try:  # the C extension built by `pip install` (make setup); not in the spark-submit --py-files zip
-    from recoverable_sink import _digests as _native
+    import recoverable_sink._digests as _native
 except ImportError:
     _native = None
 

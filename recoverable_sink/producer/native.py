@@ -42,7 +42,7 @@ def native_module() -> Any:
     first call logs which producer path this process takes and, where it is the slower one, why."""
     if not _native:
         try:
-            from recoverable_sink import _produce  # optional, like the digests
+            import recoverable_sink._produce as _produce  # optional, like the digests
         except ImportError as exc:
             if _first_in_executor("no-native-produce"):
                 log.info("the sink runs without its C produce loop here (%s), as expected from a --py-files zip "
