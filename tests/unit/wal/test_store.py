@@ -1,47 +1,16 @@
-"""The LMDB write-ahead log on its own: layout, bound, permissions, purge, proof of delivery, corruption."""
+"""The attempt store on its own: segments, acknowledgements, purge, bound, proof of delivery, corruption."""
 
-import logging
+
 import os
-import shutil
-import stat
-import struct
-import subprocess
-import sys
-import time
 import tracemalloc
-import zlib
 
-import pyarrow as pa
 import pytest
 
 from recoverable_sink.errors import WalCorruptionError, WalError, WalFullError
 from recoverable_sink.identity import record_digests
-from recoverable_sink.wal import DONE, close_wals, open_wal, sweep
-from recoverable_sink.wal import env as wal_env
-from recoverable_sink.wal import format as wal_format
-from recoverable_sink.wal.format import encode_segment, segment_value
-
-
-def later() -> float:
-    """Past the quiet time after which a finished write's proof may be trimmed."""
-    return time.time() + 3600
-
-
-def batch(values, keys=None):
-    arrays, names = [pa.array(values, pa.binary())], ["value"]
-    if keys is not None:
-        arrays.insert(0, pa.array(keys, pa.binary()))
-        names.insert(0, "key")
-    return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-def append(wal, key, first, b, max_bytes=1 << 20, acks=None):
-    return wal.append(key, first, b, record_digests(b, "t", "c"), max_bytes, acks or {})
-
-
-def reopen(path):
-    close_wals()
-    return open_wal(path)
+from recoverable_sink.wal import DONE, close_wals, open_wal
+from recoverable_sink.wal.format import encode_segment
+from tests.unit.wal.helpers import append, batch, reopen
 
 
 def test_segments_round_trip_with_their_acknowledgements(wal_dir):
@@ -80,35 +49,6 @@ def test_max_bytes_refuses_the_batch_and_keeps_what_was_accepted(wal_dir):
         append(wal, key, 1, batch([b"y" * 5000]), 4000)
     assert wal.used_bytes() == size
     assert [s.batch.num_rows for s in wal.segments(key)] == [1]
-
-
-def test_directory_is_owner_only_and_files_are_0600(wal_dir):
-    wal = open_wal(wal_dir)
-    append(wal, wal.begin_attempt("w", 0, 0, {}), 0, batch([b"v"]))
-    assert stat.S_IMODE(os.stat(wal_dir).st_mode) == 0o700
-    for name in ("data.mdb", "lock.mdb"):
-        assert stat.S_IMODE(os.stat(os.path.join(wal_dir, name)).st_mode) == 0o600
-
-
-def test_an_existing_directory_keeps_its_mode_and_a_world_writable_one_is_refused(tmp_path):
-    own = tmp_path / "own"
-    own.mkdir(mode=0o750)
-    os.chmod(own, 0o750)
-    open_wal(str(own))
-    assert stat.S_IMODE(os.stat(own).st_mode) == 0o750
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o1777)
-    with pytest.raises(WalError, match=r"writable by every user; point wal.path at a directory of its own"):
-        open_wal(str(shared))
-    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
-
-
-def test_unusable_wal_path_is_a_clear_error(tmp_path):
-    blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
-    with pytest.raises(WalError, match=r"wal\.path=.*cannot be created"):
-        open_wal(str(blocker / "wal"))
 
 
 def test_flipped_byte_in_a_record_is_detected_with_its_location(wal_dir):
@@ -165,40 +105,6 @@ def test_fully_acknowledged_segment_keeps_only_its_digests_and_frees_its_bytes(w
     assert wal.used_bytes() < partly - 2000
     first = next(wal.segments(key))
     assert first.batch is None and first.digests == record_digests(b, "t", "c") and all(first.acked)
-
-
-def ipc_stream(b):
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, b.schema) as writer:
-        writer.write_batch(b)
-    return sink.getvalue().to_pybytes()
-
-
-@pytest.mark.parametrize("b", [
-    batch([b"a", b"", None, b"x" * 1000], keys=[b"k", None, b"", b"k2"]),
-    batch([b"v%d" % i for i in range(1000)]).slice(3, 501),
-    batch([b"x" * 70_000]),
-], ids=["nulls-and-empties", "sliced", "one-large"])
-def test_a_segment_built_in_place_has_the_bytes_of_the_stream_wrapped_afterwards(b):
-    """The on-disk format is unchanged by building the segment in one buffer: a WAL written by an earlier
-    release reads the same, and this one's the same for it."""
-    digests = record_digests(b, "t", "c")
-    value, payload_len = segment_value(77, digests, b)
-    payload = ipc_stream(b)
-    assert payload_len == len(payload)
-    assert value.to_pybytes() == encode_segment(77, digests, payload, 0)
-
-
-def test_segment_checksums_are_zlibs_crc32_whichever_implementation_computed_them():
-    """The WAL checksums with zlib-ng where installed and zlib where not (--py-files): a WAL written by
-    one must read under the other, so the header holds zlib's CRC32 of the rest of the segment."""
-    b = batch([b"x" * 5000, b"", None], keys=[b"k", None, b""])
-    value = segment_value(9, record_digests(b, "t", "c"), b)[0].to_pybytes()
-    size = wal_format.SEG_HEADER.size
-    count, first, payload_len, flags = wal_format.SEG_HEADER.unpack_from(value)[2:]
-    assert wal_format.SEG_HEADER.unpack_from(value)[1] == \
-        zlib.crc32(value[size:], zlib.crc32(struct.pack("<IQQI", count, first, payload_len, flags)))
-    assert wal_format.crc32.__module__.startswith("zlib_ng"), "make setup installs zlib-ng: a quiet fallback?"
 
 
 def test_compaction_by_the_appending_handle_stores_what_a_fresh_handle_would(wal_dir):
@@ -265,56 +171,6 @@ def test_a_committed_attempt_counts_every_logged_record_as_delivered(wal_dir):
     assert wal.delivered([attempt.key], all_acknowledged=True).take([digests[16:], digests[:16]]).skip == [True, True]
 
 
-def test_sweep_removes_old_proof_of_finished_attempts_only(wal_dir):
-    wal = open_wal(wal_dir)
-    proof = wal.begin_attempt("done", 0, 0, {})
-    append(wal, proof, 0, batch([b"a"]))
-    wal.save_acks(proof, {0: bytearray(b"\x01")})
-    wal.finish(proof, [])
-    pending = wal.begin_attempt("failed", 0, 0, {})
-    append(wal, pending, 0, batch([b"b"]))
-    # Older than the retention, everything acknowledged, still open: a task that waited long for its first batch.
-    running = wal.begin_attempt("running", 0, 0, {})
-    append(wal, running, 0, batch([b"c"]))
-    wal.save_acks(running, {0: bytearray(b"\x01")})
-    removed, kept, _ = sweep(wal, retention_s=3600, now=time.time() + 7200)
-    assert (removed, kept) == (1, 2)
-    assert sorted(a.write_id for a in wal.attempts()) == ["failed", "running"]
-    append(wal, running, 1, batch([b"d"]))  # it goes on writing
-
-
-def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(wal_dir):
-    wal = open_wal(wal_dir)
-    finished = []
-    for write_id in ("oldest", "older", "newest"):
-        key = wal.begin_attempt(write_id, 0, 0, {})
-        append(wal, key, 0, batch([b"%s-%d" % (write_id.encode(), i) for i in range(100)]))
-        wal.save_acks(key, {0: bytearray(b"\x01" * 100)})
-        wal.finish(key, [])
-        finished.append(key)
-    pending = wal.begin_attempt("failed", 0, 0, {})  # records Kafka never acknowledged: never trimmed
-    append(wal, pending, 0, batch([b"x" * 4000]))
-    wal.end_attempt(pending)
-    running = wal.begin_attempt("running", 0, 0, {})  # this process's, still open: never trimmed
-    append(wal, running, 0, batch([b"c"]))
-    wal.save_acks(running, {0: bytearray(b"\x01")})
-    one = wal.proof_bytes([finished[0]])[finished[0]]
-    assert one >= 100 * 16
-
-    assert sweep(wal, 1e9, later(), proof_max_bytes=3 * one).trimmed == 0  # under the limit: nothing goes
-    result = sweep(wal, 1e9, later(), proof_max_bytes=one + one // 2)
-    assert result.trimmed == 2
-    by_write = {a.write_id: a for a in wal.attempts()}
-    assert sorted(by_write) == ["failed", "newest", "older", "oldest", "running"]  # every record stays
-    assert [w for w, a in sorted(by_write.items()) if a.trimmed] == ["older", "oldest"]
-    assert wal.record_count(finished[0]) == wal.record_count(finished[1]) == 0
-    assert not wal.delivered([by_write["oldest"].key], all_acknowledged=True)
-    assert sum(wal.delivered([by_write["newest"].key], all_acknowledged=True).acked.values()) == 100
-    assert wal.holding_payload([pending]) == {pending}
-    assert sweep(wal, 1e9, later(), proof_max_bytes=1).trimmed == 1  # the newest; never a running one
-    assert not by_write["running"].trimmed and wal.record_count(running) == 1
-
-
 def test_purging_or_sweeping_an_attempt_holds_one_segment_in_memory_at_a_time_not_its_whole_proof(wal_dir):
     wal = open_wal(wal_dir)
     key = wal.begin_attempt("big", 0, 0, {})
@@ -356,109 +212,12 @@ def test_stats_counts_orphaned_entries(wal_dir):
     assert (stats.attempts, stats.orphaned_entries) == (0, 2)
 
 
-def test_the_map_fits_a_capped_address_space_and_is_large_otherwise(tmp_path):
-    # A child process, so the cap (what spark.executor.pyspark.memory sets) does not bind the test runner.
-    code = (
-        "import resource, sys\n"
-        "from recoverable_sink.wal import map_size\n"
-        "print(map_size())\n"
-        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY))\n"
-        "print(map_size())\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    unlimited, capped = (int(line) for line in out.stdout.split())
-    assert unlimited == 1 << 40
-    assert capped == 512 << 20
-
-
-def test_a_wal_directory_deleted_while_open_is_opened_anew_not_written_through_the_old_handle(wal_dir, caplog):
-    wal = open_wal(wal_dir)
-    key = wal.begin_attempt("w", 0, 0, {})
-    append(wal, key, 0, batch([b"v"]))
-    shutil.rmtree(wal_dir)
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.wal"):
-        fresh = open_wal(wal_dir)
-    assert "was removed or replaced while open" in caplog.text
-    assert fresh.attempts() == []
-    assert os.path.exists(os.path.join(wal_dir, "data.mdb"))
-
-
 def test_record_count_reads_the_segment_headers(wal_dir):
     wal = open_wal(wal_dir)
     key = wal.begin_attempt("w", 0, 0, {})
     append(wal, key, 0, batch([b"a", b"b"]))
     append(wal, key, 2, batch([b"c"]))
     assert wal.record_count(key) == sum(s.count for s in wal.segments(key)) == 3
-
-
-def test_the_map_starts_small_and_doubles_when_full_up_to_its_limit(wal_dir, monkeypatch):
-    """Under an address-space cap the map reserves little until the WAL needs it; past the limit a write fails
-    with WalFullError and the WAL keeps what it had."""
-    monkeypatch.setattr(wal_env, "_MIN_MAP_SIZE", 1 << 20)
-    monkeypatch.setattr(wal_env, "map_size", lambda: 8 << 20)
-    wal = open_wal(wal_dir)
-    assert wal.env.info()["map_size"] == 1 << 20
-    key = wal.begin_attempt("w", 0, 0, {})
-    big = batch([os.urandom(1 << 20)])
-    for i in range(4):
-        append(wal, key, i, big, max_bytes=1 << 30)
-    assert wal.env.info()["map_size"] == 8 << 20
-    with pytest.raises(WalFullError, match="memory map is full"):
-        for i in range(4, 16):
-            append(wal, key, i, big, max_bytes=1 << 30)
-    assert [s.count for s in wal.segments(key)] == [1] * (wal.record_count(key))
-    assert wal.record_count(key) >= 4
-
-
-def test_a_map_grown_by_another_process_is_adopted(wal_dir, monkeypatch):
-    """Python workers share one WAL: when another one grows the map past this process's, LMDB says so
-    (MDB_MAP_RESIZED) and this process takes the new size instead of failing."""
-    monkeypatch.setattr(wal_env, "_MIN_MAP_SIZE", 1 << 20)
-    wal = open_wal(wal_dir)
-    key = wal.begin_attempt("w", 0, 0, {})
-    append(wal, key, 0, batch([b"small"]))
-    assert wal.env.info()["map_size"] == 1 << 20
-    code = (
-        "import os, sys\n"
-        "import pyarrow as pa\n"
-        "from recoverable_sink import wal as w\n"
-        "from recoverable_sink.wal import env\n"
-        "from recoverable_sink.identity import record_digests\n"
-        "env._MIN_MAP_SIZE = 1 << 20\n"
-        "wal = w.open_wal(sys.argv[1])\n"
-        "key = wal.begin_attempt('other', 0, 0, {})\n"
-        "for i in range(6):\n"
-        "    b = pa.RecordBatch.from_arrays([pa.array([os.urandom(1 << 20)], pa.binary())], names=['value'])\n"
-        "    wal.append(key, i, b, record_digests(b, 't', 'c'), 1 << 30, {})\n"
-        "print(wal.env.info()['map_size'])\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code, wal_dir], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert int(out.stdout) > 1 << 20
-    assert wal.record_count(wal.attempts("other/")[0].key) == 6  # reading past our old map adopts the new size
-    assert wal.env.info()["map_size"] == int(out.stdout)
-    append(wal, key, 1, batch([b"after"]), max_bytes=1 << 30)
-    assert [s.count for s in wal.segments(key)] == [1, 1]
-
-
-def test_sweep_removes_an_unfinished_attempt_once_its_process_is_gone_and_it_holds_only_proof(wal_dir):
-    # A child process opens an attempt, logs a batch Kafka acknowledged, and dies without finishing it.
-    code = (
-        "import sys, pyarrow as pa\n"
-        "from recoverable_sink.wal import open_wal\n"
-        "wal = open_wal(sys.argv[1])\n"
-        "key = wal.begin_attempt('gone', 0, 0, {})\n"
-        "b = pa.RecordBatch.from_pydict({'value': pa.array([b'a'], pa.binary())})\n"
-        "wal.append(key, 0, b, bytes(16), 1 << 20, {})\n"
-        "wal.save_acks(key, {0: bytearray(b'\\x01')})\n"
-    )
-    subprocess.run([sys.executable, "-c", code, str(wal_dir)], check=True)
-    wal = open_wal(wal_dir)
-    mine = wal.begin_attempt("running", 0, 0, {})  # this process's: still running
-    append(wal, mine, 0, batch([b"c"]))
-    wal.save_acks(mine, {0: bytearray(b"\x01")})
-    assert sweep(wal, retention_s=3600, now=time.time() + 7200) == (1, 1, 0)
-    assert [a.write_id for a in wal.attempts()] == ["running"]
 
 
 def test_partitions_of_a_rerun_never_both_count_one_delivered_copy(wal_dir):
@@ -477,31 +236,3 @@ def test_partitions_of_a_rerun_never_both_count_one_delivered_copy(wal_dir):
     taken = Counter()
     assert wal.claim("w", "run3", 0, [e], proven, taken) == [True]
     assert wal.claim("w", "run3", 0, [e, e], proven, taken) == [True, False]
-
-
-def test_the_proof_of_a_failed_writes_done_partitions_is_never_trimmed_while_one_partition_is_not_done(wal_dir):
-    """A re-run of a failed write skips by the proof of its successful partitions too: trimming them first made an
-    at_least_once re-run repeat them and an exactly_once one refuse for ever."""
-    wal = open_wal(wal_dir)
-    done = []
-    for partition in (0, 1, 3):
-        key = wal.begin_attempt("failed-write", partition, 0, {})
-        append(wal, key, 0, batch([b"p%d-%d" % (partition, i) for i in range(100)]))
-        wal.save_acks(key, {0: bytearray(b"\x01" * 100)})
-        wal.finish(key, [])
-        done.append(key)
-    failed = wal.begin_attempt("failed-write", 2, 0, {})
-    append(wal, failed, 0, batch([b"p2-%d" % i for i in range(100)]))
-    wal.save_acks(failed, {0: bytearray(b"\x01" * 50 + b"\x00" * 50)})
-    wal.end_attempt(failed)
-    other = wal.begin_attempt("finished-write", 0, 0, {})
-    append(wal, other, 0, batch([b"o-%d" % i for i in range(100)]))
-    wal.save_acks(other, {0: bytearray(b"\x01" * 100)})
-    wal.finish(other, [])
-
-    assert sweep(wal, 1e9, later(), proof_max_bytes=1).trimmed == 1  # the finished write's only
-    by_key = {a.key: a for a in wal.attempts()}
-    assert by_key[other].trimmed and not any(by_key[k].trimmed for k in done)
-    assert sum(wal.delivered(done, all_acknowledged=True).acked.values()) == 300
-    wal.finish(failed, [])  # the re-run completed the write: now all of it may go
-    assert sweep(wal, 1e9, later(), proof_max_bytes=1).trimmed == 3  # the partitions done first

@@ -1,4 +1,4 @@
-"""Driver-side summaries, and the CLI's independence from Spark."""
+"""recoverable-kafka-wal, the operator's command line: its commands, flags, output and independence from Spark."""
 
 import io
 import json
@@ -9,32 +9,9 @@ import sys
 import pyarrow as pa
 import pytest
 
-from recoverable_sink.contract import SinkCommitMessage
-from recoverable_sink.driver.summary import log_abort, summarize
 from recoverable_sink.identity import record_digests
 from recoverable_sink.ops.cli import Progress, _parser, main, producer_settings
 from recoverable_sink.wal import open_wal
-
-
-def message(partition: int, attempt: int = 0, **counts: int) -> SinkCommitMessage:
-    return SinkCommitMessage(write_id="w", partition=partition, attempt=attempt, host="h", wal_path="/wal", **counts)
-
-
-def test_summary_counts_finished_unfinished_and_retried_partitions():
-    summary = summarize([message(0, received=5, skipped=2), None, message(2, attempt=1, received=3)])
-    assert (summary["received"], summary["skipped"], summary["partitions"]) == (8, 2, 3)
-    assert (summary["finished"], summary["unfinished"], summary["retried_partitions"]) == ([0, 2], [1], 1)
-
-
-def test_abort_line_names_partitions_write_id_and_how_to_finish(caplog):
-    logging.getLogger("recoverable_sink").addHandler(caplog.handler)
-    try:
-        log_abort("write w", summarize([message(0), None]), "/wal", "w", "re-run it with wal.writeId=w")
-    finally:
-        logging.getLogger("recoverable_sink").removeHandler(caplog.handler)
-    text = caplog.text
-    assert "1 of 2 partitions did not finish ([1])" in text and "finished: [0]" in text
-    assert "--write-id w" in text and "re-run it with wal.writeId=w" in text
 
 
 def test_the_wal_cli_never_imports_pyspark():
@@ -147,15 +124,3 @@ def test_purge_json_reports_what_it_removed(tmp_path, capsys):
     assert main(["purge", "--path", str(tmp_path / "wal"), "--write-id", "w-one", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["write_id"], report["attempts"]) == ("w-one", 2)
-
-
-def test_records_a_retry_sent_without_an_earlier_log_are_counted_and_warned_of(caplog):
-    from recoverable_sink.driver.summary import log_commit
-
-    retry = SinkCommitMessage(write_id="w", partition=0, attempt=1, host="h", wal_path="/w", received=10,
-                              published=10, acknowledged=10, unproven=10)
-    summary = summarize([retry])
-    assert summary["unproven"] == 10
-    with caplog.at_level(logging.WARNING, logger="recoverable_sink.summary"):
-        log_commit("write w", summary)
-    assert "10 records were sent by retries that found no earlier attempt's log" in caplog.text

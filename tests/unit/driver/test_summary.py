@@ -1,0 +1,38 @@
+"""The driver's summary of a write: counts over its tasks' commit messages, and the lines logged at commit and
+abort."""
+
+import logging
+
+from recoverable_sink.contract import SinkCommitMessage
+from recoverable_sink.driver.summary import log_abort, log_commit, summarize
+
+
+def message(partition: int, attempt: int = 0, **counts: int) -> SinkCommitMessage:
+    return SinkCommitMessage(write_id="w", partition=partition, attempt=attempt, host="h", wal_path="/wal", **counts)
+
+
+def test_summary_counts_finished_unfinished_and_retried_partitions():
+    summary = summarize([message(0, received=5, skipped=2), None, message(2, attempt=1, received=3)])
+    assert (summary["received"], summary["skipped"], summary["partitions"]) == (8, 2, 3)
+    assert (summary["finished"], summary["unfinished"], summary["retried_partitions"]) == ([0, 2], [1], 1)
+
+
+def test_abort_line_names_partitions_write_id_and_how_to_finish(caplog):
+    logging.getLogger("recoverable_sink").addHandler(caplog.handler)
+    try:
+        log_abort("write w", summarize([message(0), None]), "/wal", "w", "re-run it with wal.writeId=w")
+    finally:
+        logging.getLogger("recoverable_sink").removeHandler(caplog.handler)
+    text = caplog.text
+    assert "1 of 2 partitions did not finish ([1])" in text and "finished: [0]" in text
+    assert "--write-id w" in text and "re-run it with wal.writeId=w" in text
+
+
+def test_records_a_retry_sent_without_an_earlier_log_are_counted_and_warned_of(caplog):
+    retry = SinkCommitMessage(write_id="w", partition=0, attempt=1, host="h", wal_path="/w", received=10,
+                              published=10, acknowledged=10, unproven=10)
+    summary = summarize([retry])
+    assert summary["unproven"] == 10
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.summary"):
+        log_commit("write w", summary)
+    assert "10 records were sent by retries that found no earlier attempt's log" in caplog.text
