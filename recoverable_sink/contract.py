@@ -5,7 +5,8 @@ Driver-side modules (``summary``, ``batch``, ``stream``) import this, never the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
 
@@ -86,6 +87,10 @@ class SinkCommitMessage(WriterCommitMessage):
     # whether that covers the partition (not where records were skipped as delivered by an earlier attempt).
     offsets: tuple[OffsetRange, ...] = ()
     offsets_complete: bool = True
+    # errors.tolerance=all: the partition's records that went to the dead-letter topic, by refusal (none when an
+    # exactly_once attempt skipped a partition already committed).
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+    dead_letter_topic: str = ""
 
 
 def stream_write_id(query_id: str, batch_id: int) -> str:

@@ -108,6 +108,8 @@ _SINK_OPTIONS = {
     "transactional.id.prefix",
     "preflight.timeoutms",
     "summary.path",
+    "errors.tolerance",
+    "errors.deadletterqueue.topic.name",
 }
 # Schema Registry framing, per field: "<field>.<name>" for field in key, value.
 _REGISTRY_OPTIONS = ("schema.registry.url", "subject", "subject.name.strategy", "avro.schema",
@@ -121,6 +123,24 @@ _IGNORED = {"checkpointlocation", "queryname", "path"}
 def is_sensitive(name: str) -> bool:
     """True for producer properties whose values are secrets (never logged or put in a message)."""
     return name.lower() in _LIBRDKAFKA_SENSITIVE or bool(_SENSITIVE_LOOKING.search(name))
+
+
+@dataclass(frozen=True)
+class FailOnRefusal:
+    """``errors.tolerance=none`` (the default): a record Kafka would refuse fails its task, as Spark's sink does."""
+
+
+@dataclass(frozen=True)
+class DeadLetterTopic:
+    """``errors.tolerance=all``: records Kafka would refuse for what they are go to ``topic`` instead, with headers
+    saying why (Kafka Connect's dead-letter queue). ``max_message_bytes`` is the topic's own limit, read on the
+    driver (None: not read)."""
+
+    topic: str
+    max_message_bytes: int | None = None
+
+
+ErrorTolerance = FailOnRefusal | DeadLetterTopic
 
 
 @dataclass(frozen=True)
@@ -167,6 +187,7 @@ class SinkOptions:
     # The C produce loop (producer.native.NativeProducer) where the extension is built; false: confluent-kafka's
     # produce().
     native_producer: bool = True
+    errors: ErrorTolerance = FailOnRefusal()  # what a record Kafka would refuse does
     # Private fault injection for the test suite and the chaos campaign (``_test.*`` options); None for users.
     faults: FaultPlan | None = None
 
@@ -464,5 +485,27 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         transactional_id_prefix=_id_part("transactional.id.prefix", lowered.get(
             "transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX), "0,100"),
         native_producer=_parse_bool("producer.native", lowered.get("producer.native", "true")),
+        errors=_error_tolerance(lowered, topic),
         faults=parse_faults(lowered),
     )
+
+
+def _error_tolerance(lowered: Mapping[str, str], topic: str | None) -> ErrorTolerance:
+    """errors.tolerance and errors.deadletterqueue.topic.name, Kafka Connect's names for the same choice."""
+    tolerance = lowered.get("errors.tolerance", "none").strip().lower()
+    dead = (lowered.get("errors.deadletterqueue.topic.name") or "").strip()
+    if tolerance not in ("none", "all"):
+        raise OptionError(f"option errors.tolerance={tolerance!r} must be none (the default: a record Kafka would "
+                          "refuse fails the write) or all (such records go to errors.deadletterqueue.topic.name)")
+    if tolerance == "none":
+        if dead:
+            raise OptionError("option errors.deadletterqueue.topic.name is set but errors.tolerance is none, so no "
+                              "record would go there: set errors.tolerance=all, or drop the dead-letter topic")
+        return FailOnRefusal()
+    if not dead:
+        raise OptionError("option errors.tolerance=all needs errors.deadletterqueue.topic.name: the sink never drops "
+                          "a record, it sends each refused one there; name the dead-letter topic")
+    if dead == topic:
+        raise OptionError(f"option errors.deadletterqueue.topic.name={dead!r} is the topic the records go to: name "
+                          "another topic for the records Kafka refuses")
+    return DeadLetterTopic(dead)

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata
 from recoverable_sink._logging import get_logger
 from recoverable_sink.deadlines import within
 from recoverable_sink.errors import OptionError, transaction_problem
-from recoverable_sink.options import DEFAULT_BATCH_SIZE, SinkOptions, client_config, short_lived
+from recoverable_sink.options import DEFAULT_BATCH_SIZE, DeadLetterTopic, SinkOptions, client_config, short_lived
 from recoverable_sink.producer.topics import create_as_brokers_would
 
 log = get_logger("preflight")
@@ -284,6 +284,41 @@ def fit_topic_limit(options: SinkOptions, questions: TopicQuestions | None = Non
         log.info("topic %s has max.message.bytes=%d: the producer's batch.size is set to it (the sink's default "
                  "is %d)", options.topic, limit, DEFAULT_BATCH_SIZE)
     return replace(options, producer_items=items, topic_max_message_bytes=limit)
+
+
+def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
+    """With errors.tolerance=all: the dead-letter topic exists (made as the brokers would auto-create it, unless
+    topic.mustExist), and its ``max.message.bytes`` is read, so that a task refuses a dead letter too large for it
+    before it enters the WAL."""
+    from dataclasses import replace
+
+    dead = options.errors
+    if not isinstance(dead, DeadLetterTopic):
+        return options
+    as_topic = replace(options, topic=dead.topic)
+    wait_s = _answer_wait_s(options)
+    for created in (False, True):
+        questions = TopicQuestions.ask(as_topic)
+        try:
+            if questions is None:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT, "the admin client could not be made"))
+            entry = questions.config.result(timeout=wait_s).get("max.message.bytes")
+            limit = int(entry.value) if entry is not None and entry.value is not None else None
+            return replace(options, errors=DeadLetterTopic(dead.topic, limit))
+        except (KafkaException, ValueError, TimeoutError) as exc:
+            reason = options.scrub(str(exc))
+        if created:
+            why = "it was created but is still not accessible"
+        elif options.topic_must_exist:
+            why = "topic.mustExist=true"
+        else:
+            why = create_as_brokers_would(options, dead.topic, options.preflight_timeout_s)
+        if why is not None:
+            raise OptionError(
+                f"option errors.deadletterqueue.topic.name={dead.topic}: the topic does not exist or is not "
+                f"accessible ({reason}), and {why}: create it first (and let this principal DESCRIBE and WRITE "
+                "it), or check its name")
+    raise AssertionError("unreachable")
 
 
 def check_transactions(options: SinkOptions) -> None:

@@ -13,7 +13,13 @@ from pyspark.sql.types import StructType
 
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.driver.batch_write import RecoverableKafkaBatchWriter
-from recoverable_sink.driver.preflight import TopicQuestions, check_cluster, check_transactions, fit_topic_limit
+from recoverable_sink.driver.preflight import (
+    TopicQuestions,
+    check_cluster,
+    check_dead_letter_topic,
+    check_transactions,
+    fit_topic_limit,
+)
 from recoverable_sink.driver.registry import frame_with_registry
 from recoverable_sink.driver.schema import plan_schema
 from recoverable_sink.driver.stream_write import RecoverableKafkaStreamWriter
@@ -61,6 +67,7 @@ class RecoverableKafkaDataSource(DataSource):
         questions = TopicQuestions.ask(options)  # answered while check_cluster waits for the brokers' metadata
         cluster_id = check_cluster(options, questions)
         options = fit_topic_limit(options, questions)
+        options = check_dead_letter_topic(options)
         if options.exactly_once:
             check_transactions(options)
         return WriterArgs(options, plan, cluster_id)

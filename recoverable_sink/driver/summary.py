@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 
@@ -38,6 +39,11 @@ def summarize(messages: Sequence[object]) -> dict[str, object]:
                          for t, p, f, last, n in written.ranges()]
     # False where a task skipped records an earlier attempt had written (their offsets are not known) or failed.
     totals["offsets_complete"] = len(done) == len(messages) and all(m.offsets_complete for m in done)
+    dead: Counter[str] = Counter()
+    for m in done:
+        dead.update(m.dead_lettered)
+    totals["dead_lettered"] = dict(sorted(dead.items()))
+    totals["dead_letter_topic"] = next((m.dead_letter_topic for m in done if m.dead_letter_topic), None)
     return totals
 
 
@@ -64,6 +70,11 @@ def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = 
         label, summary["received"], summary["partitions"], summary["published"], summary["acknowledged"],
         summary["skipped"], summary["replayed"], summary["retried_partitions"],
     )
+    dead = summary.get("dead_lettered") or {}
+    if dead:
+        log.warning("%s: %d records Kafka would refuse went to the dead-letter topic %s instead (%s); their headers "
+                    "say why", label, sum(dead.values()), summary["dead_letter_topic"],
+                    ", ".join(f"{kind} {n}" for kind, n in dead.items()))
     if summary["unproven"]:
         log.warning("%s: %d records were sent by retries that found no earlier attempt's log on their host (a retry "
                     "on another host, or a WAL removed meanwhile): what the failed attempts had delivered of them "

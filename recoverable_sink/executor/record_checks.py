@@ -5,6 +5,7 @@ records larger than the producer or the topic takes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -29,15 +30,29 @@ def _first(mask: pa.Array) -> int | None:
     return pc.index(mask, True).as_py()
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Records of a batch that Kafka would refuse for one reason: ``kind`` names the reason as a class (what a
+    dead-letter record's headers and the write's summary count), ``stage`` is Kafka Connect's name for where it
+    showed, ``rows`` the records (a boolean mask), ``message(row)`` the sentence that names one of them."""
+
+    kind: str
+    stage: str
+    rows: pa.Array
+    message: Callable[[int], str]
+
+    def first(self) -> int | None:
+        return _first(self.rows)
+
+
+_PRODUCE = "KAFKA_PRODUCE"
+
+
 def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, first_position: int,
                 max_message_bytes: int, partition_count: Callable[[str], int],
                 limit_name: str | None = None) -> None:
-    """Reject a normalised batch holding a record Kafka would refuse, before any of it enters the WAL.
-
-    ``partition_count(topic)`` answers from the cluster's metadata (and raises a RecordError naming a topic
-    that does not exist); it is asked once per distinct topic only when the batch routes by a topic column
-    or names explicit partitions. ``limit_name`` says where ``max_message_bytes`` comes from (default: the
-    producer's message.max.bytes).
+    """Reject a normalised batch holding a record Kafka would refuse, before any of it enters the WAL: the first
+    refusal :func:`find_refusals` finds, named with its record's position.
 
     >>> b = pa.RecordBatch.from_pydict({"value": [b"x"], "partition": pa.array([-1], pa.int32())})
     >>> check_batch(b, "t", "partition 0", 10, 1000, lambda topic: 3)
@@ -45,50 +60,75 @@ def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, fir
     ...
     recoverable_sink.errors.RecordError: partition 0, record 10: partition -1 is negative
     """
+    for refusal in find_refusals(batch, topic_option, max_message_bytes, partition_count, limit_name):
+        row = refusal.first()
+        if row is not None:
+            raise RecordError(f"{where}, record {first_position + row}: {refusal.message(row)}")
+
+
+def find_refusals(batch: pa.RecordBatch, topic_option: str | None, max_message_bytes: int,
+                  partition_count: Callable[[str], int], limit_name: str | None = None) -> list[Refusal]:
+    """Every reason Kafka would refuse records of a normalised batch, in the order they are checked, each with the
+    records it refuses (a record may appear under several).
+
+    ``partition_count(topic)`` answers from the cluster's metadata (and raises a RecordError naming a topic
+    that does not exist); it is asked once per distinct topic only when the batch routes by a topic column
+    or names explicit partitions. ``limit_name`` says where ``max_message_bytes`` comes from (default: the
+    producer's message.max.bytes)."""
     names = batch.schema.names
+    found: list[Refusal] = []
+
+    def add(kind: str, rows: pa.Array, message: Callable[[int], str], stage: str = _PRODUCE) -> None:
+        rows = pc.fill_null(rows, False)
+        if pc.any(rows).as_py():
+            found.append(Refusal(kind, stage, rows, message))
+
     topics = batch.column("topic") if "topic" in names else None
-    if topics is not None and (row := _first(pc.is_null(topics))) is not None:
-        raise RecordError(f"{where}, record {first_position + row}: topic is null and no topic option is set; "
-                          "fill the topic column or set the topic option")
-    if "partition" in names:
-        parts = batch.column("partition")
-        if (row := _first(pc.less(parts, 0))) is not None:
-            raise RecordError(f"{where}, record {first_position + row}: partition {parts[row].as_py()} is negative")
+    if topics is not None:
+        add("NullTopic", pc.is_null(topics),
+            lambda row: "topic is null and no topic option is set; fill the topic column or set the topic option")
+    parts = batch.column("partition") if "partition" in names else None
+    if parts is not None:
+        add("NegativePartition", pc.less(parts, 0), lambda row: f"partition {parts[row].as_py()} is negative")
     if "headers" in names:
-        _check_header_keys(batch.column("headers"), where, first_position)
+        headers = batch.column("headers")
+        flat = pc.list_flatten(headers)
+        if len(flat):
+            null_key = pc.fill_null(pc.is_null(pc.struct_field(flat, "key")), False)
+            if pc.any(null_key).as_py():
+                rows = np.zeros(batch.num_rows, dtype=bool)
+                rows[pc.filter(pc.list_parent_indices(headers), null_key).to_numpy()] = True
+                add("NullHeaderKey", pa.array(rows),
+                    lambda row: "a header has a null key; Kafka header keys must be strings")
     if "timestamp" in names:
         stamps = batch.column("timestamp")
-        if (row := _first(pc.fill_null(pc.less(stamps, 1), False))) is not None:
-            raise RecordError(
-                f"{where}, record {first_position + row}: timestamp {stamps[row].as_py()} ms is not after "
-                "1970-01-01T00:00:00Z; librdkafka reads 0 as \"now\" and Kafka refuses earlier times, so it cannot "
-                "be sent as it is: use null (the producer stamps the record) or a later time"
-            )
-    size = _record_sizes(batch) if _largest_record_bound(batch) > max_message_bytes else None
-    if size is not None and (row := _first(pc.greater(size, max_message_bytes))) is not None:
+        add("TimestampBeforeEpoch", pc.less(stamps, 1), lambda row: (
+            f"timestamp {stamps[row].as_py()} ms is not after 1970-01-01T00:00:00Z; librdkafka reads 0 as \"now\" "
+            "and Kafka refuses earlier times, so it cannot be sent as it is: use null (the producer stamps the "
+            "record) or a later time"))
+    if _largest_record_bound(batch) > max_message_bytes:
+        size = _record_sizes(batch)
         what = "key+value+headers" if "headers" in names else "key+value"
         limit = limit_name or f"the producer's message.max.bytes={max_message_bytes}"
-        raise RecordError(
-            f"{where}, record {first_position + row}: {what} with the record framing is {size[row].as_py()} "
-            f"bytes, more than {limit}; raise "
-            "kafka.message.max.bytes and the topic's max.message.bytes, or make the record smaller"
-        )
-    if topics is None and "partition" not in names:
-        return  # the topic option was checked on the driver
-    distinct = [topic_option] if topics is None else pc.unique(topics).to_pylist()
+        add("RecordTooLarge", pc.greater(size, max_message_bytes), lambda row: (
+            f"{what} with the record framing is {size[row].as_py()} bytes, more than {limit}; raise "
+            "kafka.message.max.bytes and the topic's max.message.bytes, or make the record smaller"))
+    if topics is None and parts is None:
+        return found  # the topic option was checked on the driver
+    distinct = [topic_option] if topics is None else [t for t in pc.unique(topics).to_pylist() if t is not None]
     for topic in distinct:
-        count = partition_count(topic)
-        if "partition" not in names:
+        in_topic = pa.array(np.ones(batch.num_rows, dtype=bool)) if topics is None else pc.equal(topics, topic)
+        try:
+            count = partition_count(topic)
+        except RecordError as exc:
+            add("UnknownTopic", in_topic, lambda row, text=str(exc): text)
             continue
-        parts = batch.column("partition")
-        out_of_range = pc.greater_equal(parts, count)
-        if topics is not None:
-            out_of_range = pc.and_(out_of_range, pc.equal(topics, topic))
-        if (row := _first(pc.fill_null(out_of_range, False))) is not None:
-            raise RecordError(
-                f"{where}, record {first_position + row}: partition {parts[row].as_py()} is out of range for topic "
-                f"{topic}, which has {count} partitions (0..{count - 1}); fix the partition column or drop it"
-            )
+        if parts is not None:
+            add("PartitionOutOfRange", pc.and_(pc.greater_equal(parts, count), in_topic),
+                lambda row, topic=topic, count=count: (
+                    f"partition {parts[row].as_py()} is out of range for topic {topic}, which has {count} "
+                    f"partitions (0..{count - 1}); fix the partition column or drop it"))
+    return found
 
 
 def _largest_record_bound(batch: pa.RecordBatch) -> int:
@@ -138,14 +178,3 @@ def _record_sizes(batch: pa.RecordBatch) -> pa.Array:
 def _varint_size(n: np.ndarray) -> np.ndarray:
     zigzag = np.where(n >= 0, 2 * n, -2 * n - 1)
     return 1 + sum((zigzag >= 1 << (7 * k)).astype(np.int64) for k in range(1, 5))
-
-
-def _check_header_keys(headers: pa.Array, where: str, first_position: int) -> None:
-    flat = pc.list_flatten(headers)
-    if len(flat) == 0:
-        return
-    null_key = pc.is_null(pc.struct_field(flat, "key"))
-    if (index := _first(null_key)) is not None:
-        row = pc.list_parent_indices(headers)[index].as_py()
-        raise RecordError(f"{where}, record {first_position + row}: a header has a null key; Kafka header keys "
-                          "must be strings")

@@ -41,11 +41,11 @@ from recoverable_sink.errors import (
     RerunRefusedError,
     StaleAttemptError,
 )
-from recoverable_sink.executor import resume_plan
+from recoverable_sink.executor import dead_letters, resume_plan
 from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt, NoLog, open_log
 from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.pacing import Pacer, pacer_for
-from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch
+from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch, find_refusals
 from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.executor.resume_plan import (
     Evidence,
@@ -59,7 +59,7 @@ from recoverable_sink.executor.resume_plan import (
     Wait,
 )
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, slices, split
-from recoverable_sink.options import SinkOptions
+from recoverable_sink.options import DeadLetterTopic, SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.pool import producers
 from recoverable_sink.producer.protocol import SinkProducer
@@ -113,25 +113,27 @@ class _Partitions:
                 why = "topic.mustExist=true" if self.options.topic_must_exist else \
                     create_as_brokers_would(self.options, topic, 30)
                 if why is not None:
-                    raise RecordError(f"{self.where}: topic {topic} does not exist or is not accessible ({reason}), "
-                                      f"and {why}: create it first, or check its name")
+                    raise RecordError(f"topic {topic} does not exist or is not accessible ({reason}), and {why}: "
+                                      "create it first, or check its name")
                 count, reason = self.producer.partition_count(topic, 30)
                 if reason is not None:
-                    raise RecordError(f"{self.where}: topic {topic} was created but is not accessible ({reason})")
+                    raise RecordError(f"topic {topic} was created but is not accessible ({reason})")
             self.counts[topic] = count
         return self.counts[topic]
 
 
-def _size_limit(options: SinkOptions) -> tuple[int, str]:
-    """The largest record (as record_checks.check_batch sizes it) the producer and, uncompressed, the topic accept."""
+def _size_limit(options: SinkOptions, topic: str | None = None, topic_max: int | None = None) -> tuple[int, str]:
+    """The largest record (as record_checks sizes it) the producer and, uncompressed, the topic accept (the
+    ``topic`` option's, unless another topic and its max.message.bytes are given)."""
+    if topic is None:
+        topic, topic_max = options.topic, options.topic_max_message_bytes
     conf = options.producer_config()
     limit = int(conf.get("message.max.bytes", 1_000_000))
     name = f"the producer's message.max.bytes={limit}"
-    topic_max = options.topic_max_message_bytes
     compressed = conf.get("compression.type", conf.get("compression.codec", "none")) != "none"
     if topic_max is not None and not compressed and topic_max - TOPIC_BATCH_FRAMING < limit:
         limit = topic_max - TOPIC_BATCH_FRAMING
-        name = (f"{limit} bytes (topic {options.topic}'s max.message.bytes={topic_max}, less {TOPIC_BATCH_FRAMING} "
+        name = (f"{limit} bytes (topic {topic}'s max.message.bytes={topic_max}, less {TOPIC_BATCH_FRAMING} "
                 "of batch framing)")
     return limit, name
 
@@ -299,14 +301,52 @@ class AtLeastOnceWriter:
             return
         assert self.phase is Phase.WRITING, f"{self.where}: write() while {self.phase.value}"
         batch = normalise(raw, self.plan)
-        check_batch(batch, self.plan.topic_option, self.where, self.position, self.max_message, self.partitions,
-                    self.max_message_name)
+        first = self.position
         self.position += batch.num_rows
-        if self.marker_topic is None:
+        if not isinstance(self.options.errors, DeadLetterTopic):
+            check_batch(batch, self.plan.topic_option, self.where, first, self.max_message, self.partitions,
+                        self.max_message_name)
+            self._log_and_send(batch, None)
+            return
+        refusals = find_refusals(batch, self.plan.topic_option, self.max_message, self.partitions,
+                                 self.max_message_name)
+        batch, dead = dead_letters.split(batch, refusals, self.options.errors, self.plan.topic_option,
+                                         self.cluster_id, self._dead_letter_context())
+        if batch.num_rows:
+            self._log_and_send(batch, None)
+        if dead is not None:
+            self._check_dead_letters(dead, first)
+            self.message.dead_lettered.update(dead.counts())
+            self.message.dead_letter_topic = self.options.errors.topic
+            self._log_and_send(dead.batch, dead.digests)
+
+    def _dead_letter_context(self) -> dict[str, str]:
+        """The headers that say which write and task attempt sent a dead letter."""
+        return {dead_letters.H_CONNECTOR: self.ident.write_id, dead_letters.H_TASK: str(self.ident.partition),
+                dead_letters.H_WRITE: self.ident.write_id, dead_letters.H_ATTEMPT: str(self.ident.attempt)}
+
+    def _check_dead_letters(self, dead: dead_letters.DeadLetters, first: int) -> None:
+        """A dead letter the dead-letter topic would refuse too fails the task, naming both refusals."""
+        assert isinstance(self.options.errors, DeadLetterTopic)
+        limit, name = _size_limit(self.options, self.options.errors.topic, self.options.errors.max_message_bytes)
+        for refusal in find_refusals(dead.batch, None, limit, self.partitions, name):
+            i = refusal.first()
+            if i is not None:
+                row = dead.rows[i]
+                raise RecordError(
+                    f"{self.where}, record {first + row}: Kafka would refuse it ({dead.kinds[i]}), and the "
+                    f"dead-letter topic {self.options.errors.topic} would refuse it too: {refusal.message(i)}")
+
+    def _log_and_send(self, batch: pa.RecordBatch, digests: bytes | None) -> None:
+        """Log a checked batch (less what earlier attempts delivered) and produce the batch before it. ``digests``:
+        the records' delivery identities where they are not the batch's own (dead letters)."""
+        if self.marker_topic is None and digests is None:
             self.marker_topic = batch.column("topic")[0].as_py()
-        digests: bytes | None = None  # hashed beside the WAL store, unless needed here to match a retry's input
-        if self.delivered or self.earlier or (self.log.key is None and self.FINGERPRINT_WITHOUT_WAL):
+        # Hashed beside the WAL store, unless needed here to match a retry's input.
+        if digests is None and (self.delivered or self.earlier or
+                                (self.log.key is None and self.FINGERPRINT_WITHOUT_WAL)):
             digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
+        if digests is not None:
             self.fingerprint.add(digests)
             if self.delivered or self.earlier:
                 sent = self._not_delivered(split(digests))
