@@ -5,7 +5,6 @@ Driver-side modules (``summary``, ``batch``, ``stream``) import this, never the 
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
@@ -89,7 +88,7 @@ class SinkCommitMessage(WriterCommitMessage):
     offsets_complete: bool = True
     # errors.tolerance=all: the partition's records that went to the dead-letter topic, by refusal (none when an
     # exactly_once attempt skipped a partition already committed).
-    dead_lettered: Counter[str] = field(default_factory=Counter)
+    dead_lettered: dict[str, int] = field(default_factory=dict)
     dead_letter_topic: str = ""
 
 

@@ -316,7 +316,8 @@ class AtLeastOnceWriter:
             self._log_and_send(batch, None)
         if dead is not None:
             self._check_dead_letters(dead, first)
-            self.message.dead_lettered.update(dead.counts())
+            for kind, n in dead.counts().items():
+                self.message.dead_lettered[kind] = self.message.dead_lettered.get(kind, 0) + n
             self.message.dead_letter_topic = self.options.errors.topic
             self._log_and_send(dead.batch, dead.digests)
 

@@ -36,3 +36,18 @@ def test_records_a_retry_sent_without_an_earlier_log_are_counted_and_warned_of(c
     with caplog.at_level(logging.WARNING, logger="recoverable_sink.summary"):
         log_commit("write w", summary)
     assert "10 records were sent by retries that found no earlier attempt's log" in caplog.text
+
+
+def test_dead_letters_are_summed_per_refusal_said_where_they_went_and_kept_as_json(caplog):
+    import json
+
+    done = [SinkCommitMessage(write_id="w", partition=p, attempt=0, host="h", wal_path="/w",
+                              dead_lettered={"RecordTooLarge": 2, "NullTopic": p}, dead_letter_topic="dlq")
+            for p in (0, 1)]
+    summary = summarize(done)
+    assert summary["dead_lettered"] == {"NullTopic": 1, "RecordTooLarge": 4}
+    assert json.loads(json.dumps(summary))["tasks"][1]["dead_lettered"] == {"RecordTooLarge": 2, "NullTopic": 1}
+    with caplog.at_level(logging.WARNING, logger="recoverable_sink.summary"):
+        log_commit("write w", summary)
+    assert "5 records Kafka would refuse went to the dead-letter topic dlq instead (NullTopic 1, RecordTooLarge 4)" \
+        in caplog.text

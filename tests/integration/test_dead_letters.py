@@ -1,0 +1,124 @@
+"""Dead letters on a real broker and real Spark (errors.tolerance=all): in both modes, with the Python worker of
+every task's first attempt SIGKILLed mid-write, every good record lands once in its topic and every refused one once
+in the dead-letter topic, as a read_committed consumer counts them; each refusal class is routed; and a write
+without the option fails on the first refused record as before."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from confluent_kafka import Consumer
+from pyspark.sql import functions as F
+
+from recoverable_sink import RecoverableKafkaDataSource
+from recoverable_sink.executor import dead_letters as dl
+from testing.chaos.checker import ids_in_topic, verdict
+from testing.spark import sink_writer
+
+ROWS = 20_000
+MODES = pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered(spark):
+    spark.dataSource.register(RecoverableKafkaDataSource)
+
+
+def _kind(i: int) -> str | None:
+    """The refusal row i carries, if any (about 0.6% of rows, five classes)."""
+    return {101: "RecordTooLarge", 233: "PartitionOutOfRange", 347: "NegativePartition",
+            461: "TimestampBeforeEpoch", 577: "NullHeaderKey"}.get(i % 1000)
+
+
+def _frame(spark):
+    """Keyed by id; value 3 KB where too large for the topic (max.message.bytes 2000), partition 99 or -1, a
+    timestamp in 1960, a header without a key: the rows of :func:`_kind`."""
+    ids = F.col("id") % 1000
+    return spark.range(ROWS, numPartitions=4).select(
+        F.col("id").cast("string").alias("key"),
+        F.when(ids == 101, F.repeat(F.lit("x"), 3000)).otherwise(F.col("id").cast("string")).cast("binary")
+        .alias("value"),
+        F.when(ids == 233, F.lit(99)).when(ids == 347, F.lit(-1)).otherwise(F.lit(None)).cast("int")
+        .alias("partition"),
+        F.when(ids == 461, F.lit("1960-01-01 00:00:00").cast("timestamp"))
+        .otherwise(F.lit(None).cast("timestamp")).alias("timestamp"),
+        F.array(F.struct(F.when(ids == 577, F.lit(None).cast("string")).otherwise(F.lit("h")).alias("key"),
+                         F.lit(b"1").cast("binary").alias("value"))).alias("headers"),
+    )
+
+
+def _summary(path) -> dict:
+    return json.loads(path.read_text().splitlines()[-1])
+
+
+@MODES
+def test_refused_records_land_once_in_the_dead_letter_topic_and_the_rest_once_in_theirs_under_a_worker_kill(
+        spark, kafka, new_topic, tmp_path, mode):
+    topic, dead = new_topic(partitions=4, **{"max.message.bytes": "2000"}), new_topic(partitions=2)
+    sink_writer(_frame(spark), kafka.bootstrap_servers, topic, tmp_path / "wal",
+                **{"delivery.guarantee": mode, "errors.tolerance": "all", "errors.deadletterqueue.topic.name": dead,
+                   "summary.path": str(tmp_path / "s.jsonl"), "_test.killAfterRecords": "2000",
+                   "transactional.id.prefix": f"dlq-{uuid.uuid4().hex[:8]}-"}).save()
+    refused = [str(i) for i in range(ROWS) if _kind(i)]
+    good = [str(i) for i in range(ROWS) if not _kind(i)]
+    assert verdict(good, ids_in_topic(kafka.bootstrap_servers, topic, expected=len(good))) == (0, 0, 0)
+    assert verdict(refused, ids_in_topic(kafka.bootstrap_servers, dead, expected=len(refused))) == (0, 0, 0)
+    summary = _summary(tmp_path / "s.jsonl")
+    assert summary["retried_partitions"] == 4 and summary["dead_letter_topic"] == dead
+    assert summary["dead_lettered"] == {kind: ROWS // 1000 for kind in
+                                        ("NegativePartition", "NullHeaderKey", "PartitionOutOfRange",
+                                         "RecordTooLarge", "TimestampBeforeEpoch")}
+
+
+def test_a_dead_letter_carries_its_record_as_it_was_and_connects_headers(spark, kafka, new_topic, tmp_path):
+    topic, dead = new_topic(partitions=4, **{"max.message.bytes": "2000"}), new_topic()
+    sink_writer(_frame(spark).where("id < 1000"), kafka.bootstrap_servers, topic, tmp_path / "wal",
+                **{"errors.tolerance": "all", "errors.deadletterqueue.topic.name": dead}).save()
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": uuid.uuid4().hex,
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer.subscribe([dead])
+    got = {}
+    try:
+        while len(got) < 5:
+            msg = consumer.poll(30)
+            assert msg is not None, f"only {len(got)} dead letters read"
+            got[msg.key().decode()] = msg
+    finally:
+        consumer.close()
+    too_large = got["101"]
+    assert too_large.value() == b"x" * 3000
+    headers = dict(too_large.headers())
+    assert headers[dl.H_TOPIC] == topic.encode() and headers[dl.H_EXCEPTION] == b"RecordTooLarge"
+    assert headers[dl.H_STAGE] == b"KAFKA_PRODUCE" and b"max.message.bytes=2000" in headers[dl.H_MESSAGE]
+    assert dict(got["233"].headers())[dl.H_PARTITION] == b"99"
+    assert got["461"].timestamp()[1] > 0  # the producer stamped it
+    assert (b"", b"1") in [(k.encode(), v) for k, v in got["577"].headers()]  # the key-less header, kept
+
+
+@MODES
+def test_a_null_or_unknown_topic_in_a_topic_column_goes_to_the_dead_letter_topic(spark, kafka, new_topic, tmp_path,
+                                                                                    mode):
+    topic, dead = new_topic(partitions=2), new_topic()
+    missing = f"missing-{uuid.uuid4().hex[:8]}"
+    df = spark.range(3000, numPartitions=3).select(
+        F.col("id").cast("string").alias("key"), F.col("id").cast("string").alias("value"),
+        F.when(F.col("id") % 100 == 7, F.lit(None)).when(F.col("id") % 100 == 8, F.lit(missing))
+        .otherwise(F.lit(topic)).alias("topic"))
+    sink_writer(df, kafka.bootstrap_servers, None, tmp_path / "wal",
+                **{"delivery.guarantee": mode, "topic.mustExist": "true", "errors.tolerance": "all",
+                   "errors.deadletterqueue.topic.name": dead, "summary.path": str(tmp_path / "s.jsonl"),
+                   "transactional.id.prefix": f"dlq-{uuid.uuid4().hex[:8]}-"}).save()
+    refused = [str(i) for i in range(3000) if i % 100 in (7, 8)]
+    good = [str(i) for i in range(3000) if i % 100 not in (7, 8)]
+    assert verdict(good, ids_in_topic(kafka.bootstrap_servers, topic, expected=len(good))) == (0, 0, 0)
+    assert verdict(refused, ids_in_topic(kafka.bootstrap_servers, dead, expected=len(refused))) == (0, 0, 0)
+    assert _summary(tmp_path / "s.jsonl")["dead_lettered"] == {"NullTopic": 30, "UnknownTopic": 30}
+
+
+def test_without_the_option_a_refused_record_fails_the_write_naming_it(spark, kafka, new_topic, tmp_path):
+    topic = new_topic(partitions=4, **{"max.message.bytes": "2000"})
+    with pytest.raises(Exception, match=r"record \d+: key\+value\+headers with the record framing is \d+ bytes, more "
+                                        r"than 1968 bytes"):
+        sink_writer(_frame(spark).where("id % 1000 = 101"), kafka.bootstrap_servers, topic, tmp_path / "wal").save()
