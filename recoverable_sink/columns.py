@@ -23,6 +23,8 @@ class SchemaPlan:
     frames: tuple[tuple[str, bytes], ...] = ()
     # Struct columns the sink encodes as Avro binary itself: (column, the record schema as JSON).
     encodings: tuple[tuple[str, str], ...] = ()
+    # Struct columns the sink writes as JSON text itself (a JSON Schema subject).
+    json_encoded: tuple[str, ...] = ()
 
     @property
     def topic_from_column(self) -> bool:

@@ -113,7 +113,10 @@ _SINK_OPTIONS = {
 }
 # Schema Registry framing, per field: "<field>.<name>" for field in key, value.
 _REGISTRY_OPTIONS = ("schema.registry.url", "subject", "subject.name.strategy", "avro.schema",
-                     "schema.registry.basic.auth.user.info")
+                     "schema.registry.basic.auth.user.info", "schema.type", "protobuf.schema", "protobuf.message",
+                     "json.schema")
+# Confluent's three wire formats, as the registry names them (its schemaType).
+SCHEMA_TYPES = ("AVRO", "PROTOBUF", "JSON")
 _SINK_OPTIONS |= {f"{field}.{name}" for field in ("key", "value") for name in _REGISTRY_OPTIONS}
 SUBJECT_STRATEGIES = ("TopicNameStrategy", "RecordNameStrategy", "TopicRecordNameStrategy")
 # Options Spark itself may hand to a streaming sink; they mean nothing here.
@@ -144,16 +147,43 @@ ErrorTolerance = FailOnRefusal | DeadLetterTopic
 
 
 @dataclass(frozen=True)
+class AvroWire:
+    """Avro, the default: a struct column the sink encodes, or to_avro's binary (schema in ``avro_schema``)."""
+
+
+@dataclass(frozen=True)
+class ProtobufWire:
+    """Protobuf: a binary column of serialised messages (Spark's ``to_protobuf``, or any serialiser) of ``message``
+    (None: the file's first), whose ``.proto`` source ``schema`` is registered; each value gets the message's
+    index list after the schema id."""
+
+    schema: str
+    message: str | None
+
+
+@dataclass(frozen=True)
+class JsonWire:
+    """JSON Schema: a string or binary column of JSON documents (``to_json``), or a struct column the sink writes
+    as JSON; ``schema`` (a JSON Schema) is registered."""
+
+    schema: str
+
+
+WireFormat = AvroWire | ProtobufWire | JsonWire
+
+
+@dataclass(frozen=True)
 class RegistryFraming:
-    """Records of one field (key or value) framed for a Confluent-compatible Schema Registry: the Avro binary a
-    column holds (Spark's ``to_avro``) is registered under a subject on the driver and prefixed with its id."""
+    """Records of one field (key or value) framed for a Confluent-compatible Schema Registry: the field's schema is
+    registered under a subject on the driver, and every value is prefixed with its id (Confluent's wire format)."""
 
     field: str  # "key" or "value"
     url: str  # the registry's base URL
-    avro_schema: str | None  # the Avro schema (JSON) of to_avro's bytes; None: derived from a struct column
+    avro_schema: str | None  # Avro: the schema (JSON) of to_avro's bytes; None: derived from a struct column
     subject: str | None  # None: named by the strategy
     strategy: str  # one of SUBJECT_STRATEGIES
     user_info: str | None = dataclass_field(default=None, repr=False)  # "user:password" for basic auth: a secret
+    wire: WireFormat = AvroWire()
 
 
 @dataclass(frozen=True)
@@ -381,7 +411,38 @@ def _registry(lowered: Mapping[str, str], field: str) -> RegistryFraming | None:
                           f"{', '.join(SUBJECT_STRATEGIES)}")
     # The subject naming rules are the driver's (driver/registry.py), applied before any task runs.
     return RegistryFraming(field=field, url=url.rstrip("/"), avro_schema=schema, subject=given["subject"],
-                           strategy=matched[0], user_info=given["schema.registry.basic.auth.user.info"])
+                           strategy=matched[0], user_info=given["schema.registry.basic.auth.user.info"],
+                           wire=_wire(field, given))
+
+
+def _wire(field: str, given: Mapping[str, str | None]) -> WireFormat:
+    """The field's wire format: <field>.schema.type (avro, protobuf or json) and the schema option it needs."""
+    kind = (given["schema.type"] or "avro").strip().upper()
+    if kind == "JSON_SCHEMA" or kind == "JSONSCHEMA":
+        kind = "JSON"
+    if kind not in SCHEMA_TYPES:
+        raise OptionError(f"option {field}.schema.type={given['schema.type']!r} must be avro (the default), protobuf "
+                          "or json")
+    own = {"AVRO": "avro.schema", "PROTOBUF": "protobuf.schema", "JSON": "json.schema"}[kind]
+    stray = [f"{field}.{n}" for n in ("avro.schema", "protobuf.schema", "protobuf.message", "json.schema")
+             if given[n] and n != own and not (kind == "PROTOBUF" and n == "protobuf.message")]
+    if stray:
+        raise OptionError(f"option(s) {', '.join(stray)} do not apply with {field}.schema.type={kind.lower()}; "
+                          f"give the schema as {field}.{own}")
+    if kind == "AVRO":
+        return AvroWire()
+    text = given[own]
+    if not text or not text.strip():
+        raise OptionError(f"option {field}.schema.type={kind.lower()} needs {field}.{own}: the "
+                          + ("schema's .proto source" if kind == "PROTOBUF" else "JSON Schema")
+                          + " to register")
+    if kind == "PROTOBUF":
+        return ProtobufWire(text, (given["protobuf.message"] or "").strip() or None)
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        raise OptionError(f"option {field}.json.schema is not JSON ({exc}); give the JSON Schema itself") from None
+    return JsonWire(text)
 
 
 def _positive(name: str, value: str | None) -> float | None:

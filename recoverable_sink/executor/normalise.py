@@ -1,9 +1,12 @@
 """An input Arrow batch in the Kafka record shape (executor): only the sink's columns, the topic column giving way
 to the topic option, timestamps as epoch milliseconds, headers given as a map as Spark's list of (key, value), and
-values (or keys) framed for a Schema Registry with their schema's id."""
+values (or keys) encoded (Avro, JSON) and framed for a Schema Registry with their schema's id."""
 
 from __future__ import annotations
 
+import base64
+import datetime
+import decimal
 import json
 from functools import lru_cache
 from typing import Any
@@ -32,13 +35,32 @@ def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
         for encoded, schema in plan.encodings:
             if encoded == name:
                 column = encode_column(column, _schema(schema))
+        if name in plan.json_encoded:
+            column = json_column(column)
         for framed, prefix in plan.frames:
-            if framed == name:  # Confluent's wire format: the registry's schema id before the Avro binary
-                column = pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), column,
+            if framed == name:  # Confluent's wire format: the registry's schema id before the encoded value
+                column = pc.binary_join_element_wise(pa.scalar(prefix, pa.binary()), column.cast(pa.binary()),
                                                      pa.scalar(b"", pa.binary()))
         arrays.append(column)
         names.append(name)
     return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def json_column(column: pa.Array) -> pa.Array:
+    """A struct column as JSON documents (UTF-8 bytes; a null struct stays null: a tombstone), as Spark's
+    ``to_json`` writes them: field names as keys, timestamps and dates in ISO 8601, binary as base64."""
+    return pa.array([None if row is None else json.dumps(row, separators=(",", ":"), default=_json_default).encode()
+                     for row in column.to_pylist()], pa.binary())
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 @lru_cache(maxsize=8)
