@@ -18,7 +18,7 @@ Every run writes to a fresh topic whose record count is checked, then deleted. T
 the Python worker's peak memory writing one partition of 1x and 4x the usual partition size, and the fixed cost of
 a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch), and rate-limited
 writes against the time their limits imply (bench.rate), and Schema Registry framing against plain Avro bytes
-(bench.registry).
+(bench.registry), and the dead-letter option with nothing refused against none (bench.dead_letters).
 
     make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3 BENCH_JVM_WARMUP_WRITES=2
                                                       # BENCH_JVM_WARMUP_MAX=8
@@ -339,6 +339,11 @@ def main() -> int:
             from bench import registry as schema_registry
 
             registry = schema_registry.measure(b)
+        dead: dict[str, Any] = {}
+        if not ONLY:
+            from bench import dead_letters
+
+            dead = dead_letters.measure(b)
         fixed: dict[str, Any] = {}
         if not ONLY:  # last: it stops the session, to time a first write in a new one
             from bench.fixed_cost import measure
@@ -359,7 +364,7 @@ def main() -> int:
                     "sink that only counts its Arrow batches (bench.floor).",
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
             "memory_by_partition_size": memory, "fixed_cost": fixed, "rate_limit": rate,
-            "schema_registry": registry,
+            "schema_registry": registry, "dead_letters": dead,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
             "wall_minutes": round((time.monotonic() - started) / 60, 1),
         }

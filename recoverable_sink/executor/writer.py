@@ -99,9 +99,8 @@ def final_wait_s(options: SinkOptions) -> float:
 class _Partitions:
     """Partition counts of the topics a batch names, from the cluster's metadata, asked once per topic."""
 
-    def __init__(self, producer: SinkProducer, where: str, options: SinkOptions) -> None:
+    def __init__(self, producer: SinkProducer, options: SinkOptions) -> None:
         self.producer = producer
-        self.where = where
         self.options = options
         self.counts: dict[str, int] = {}
 
@@ -196,7 +195,7 @@ class AtLeastOnceWriter:
         self.producer = self._open_producer()
         try:
             self.ledger = Ledger(self.producer, self.options.scrub)
-            self.partitions = _Partitions(self.producer, self.where, self.options)
+            self.partitions = _Partitions(self.producer, self.options)
             self.log = open_log(self.options, self.ident)
             self.phase = self._recover()
             if self.phase is Phase.WRITING:

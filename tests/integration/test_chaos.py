@@ -22,10 +22,11 @@ _ALO_ONLY_IN_CAMPAIGN = by_name("executor-kill-wal-lost", "speculation")
 # Run by the campaign only; the suite has their cheaper forms elsewhere: the 200-micro-batch stream takes minutes
 # (test_exactly_once runs a 16-batch one), test_cut_short covers the two upstream failures of a batch write,
 # test_field_faults the sweep, test_reruns the batch form of the re-run on another partitioning, test_deadlines the
-# silenced commit; the stream's upstream failures, its re-run and the zombie driver run under exactly_once.
+# silenced commit, test_dead_letters the dead letters; the stream's upstream failures, its re-run and the zombie
+# driver run under exactly_once.
 _CAMPAIGN_ONLY = by_name("upstream-failure", "transient-upstream-failure", "stream-upstream-failures",
                          "long-stream-broker-state", "sweep-while-running", "stream-rerun-repartitioned",
-                         "zombie-driver", "silenced-commit")
+                         "zombie-driver", "silenced-commit", "dead-letters")
 _CASES = [(s, ALO) for s in SCENARIOS if ALO in s.modes and s.name not in _ALO_ONLY_IN_CAMPAIGN | _CAMPAIGN_ONLY] + \
          [(s, EO) for s in SCENARIOS if EO in s.modes and s.name in _EO_IN_SUITE]
 

@@ -12,6 +12,7 @@ independent checker counted: lost (never landed), duplicated (landed twice), err
     retention  broker state of a long stream, WAL retention sweeps (20, 21)
     reruns     a failed micro-batch re-run on another partitioning, a zombie driver (22, 23)
     silence    brokers that stop answering at a task's commit (24)
+    dead_letters  refused records routed to a dead-letter topic under worker kills (25)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from testing.chaos.scenarios.broker import (
     broker_kill_single,
     leader_kill_three_brokers,
 )
+from testing.chaos.scenarios.dead_letters import dead_letters
 from testing.chaos.scenarios.executor import (
     executor_jvm_kill,
     executor_kill_wal_lost,
@@ -115,4 +117,6 @@ SCENARIOS: list[Scenario] = [
     # at_least_once: a record whose acknowledgement the proxy swallowed was stored, and is sent again.
     Scenario("24", "24. Coordinators or leaders stop answering at a random point of a task's commit (3 brokers)",
              silenced_commit, False),
+    Scenario("25", "25. 0.1% refusable records of five classes to a dead-letter topic, each first worker SIGKILLed",
+             dead_letters, True),
 ]
