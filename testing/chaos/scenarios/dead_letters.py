@@ -26,7 +26,7 @@ def dead_letters(lab: Lab, rng: random.Random, n: int) -> Trial:
     spark = lab.spark  # started before any column is built
     d, topic, dead = lab.dir("dead-letters"), lab.topic(4, **{"max.message.bytes": "2000"}), lab.topic(2)
     prefix = uuid.uuid4().hex[:6]
-    slot = (F.col("id") % 5000) // 5  # 0..999: the refused ids are those whose slot is a key of _CLASSES
+    slot = F.floor((F.col("id") % 5000) / 5)  # 0..999: the refused ids are those whose slot is a key of _CLASSES
     refused_at = lambda k: (F.col("id") % 5 == 0) & (slot == k)  # noqa: E731 - one in 5,000 ids per class
     df = spark.range(n, numPartitions=4).select(
         F.concat(F.lit(f"{prefix}-"), F.col("id").cast("string")).alias("key"),
