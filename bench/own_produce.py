@@ -112,43 +112,46 @@ class _Connection:
         self.sock.close()
 
 
-def send_own(c: Any, bootstrap: str, topic: str, batch: pa.RecordBatch) -> None:
-    """Every record of ``batch`` to partition 0 in record batches of up to BATCH_BYTES, IN_FLIGHT requests at once."""
+def send_own(c: Any, bootstrap: str, topic: str, batch: pa.RecordBatch) -> Any:
+    """Connected (not timed); the returned call sends every record of ``batch`` to partition 0 in record batches of
+    up to BATCH_BYTES, IN_FLIGHT requests at once, and reads every acknowledgement."""
     keys, values = batch.column("key"), batch.column("value")
     key_off, key_data = _buffers(keys)
     val_off, val_data = _buffers(values)
-    h = [None] * 5
+    h: list[Any] = [None] * 5
     if "headers" in batch.schema.names:
         lists = batch.column("headers")
         items = lists.values
-        hk, hv = items.field("key"), items.field("value")
-        h = [lists.buffers()[1].address, *_buffers(hk), *_buffers(hv)]
+        h = [lists.buffers()[1].address, *_buffers(items.field("key")), *_buffers(items.field("value"))]
     out = (ctypes.c_uint8 * (BATCH_BYTES + 65536))()
     conn = _Connection(bootstrap)
-    try:
-        first, n, now = 0, batch.num_rows, int(time.time() * 1000)
-        per_batch = max(1, BATCH_BYTES // max(1, (keys.nbytes + values.nbytes) // max(1, n) + 16))
-        while first < n:
-            count = min(per_batch, n - first)
-            size = c.own_encode_batch(key_off, key_data, val_off, val_data, h[0], h[1], h[2], h[3], h[4],
-                                      first, count, now, out, len(out))
-            while size == 0:  # larger records than estimated: fewer of them
-                count = max(1, count // 2)
-                size = c.own_encode_batch(key_off, key_data, val_off, val_data, h[0], h[1], h[2], h[3], h[4],
-                                          first, count, now, out, len(out))
-            if conn.pending >= IN_FLIGHT:
+
+    def send() -> None:
+        try:
+            first, n, now = 0, batch.num_rows, int(time.time() * 1000)
+            per_batch = max(1, BATCH_BYTES // max(1, (keys.nbytes + values.nbytes) // max(1, n) + 16))
+            while first < n:
+                count = min(per_batch, n - first)
+                size = c.own_encode_batch(key_off, key_data, val_off, val_data, *h, first, count, now, out, len(out))
+                while size == 0:  # larger records than estimated: fewer of them
+                    count = max(1, count // 2)
+                    size = c.own_encode_batch(key_off, key_data, val_off, val_data, *h, first, count, now, out,
+                                              len(out))
+                if conn.pending >= IN_FLIGHT:
+                    conn.acknowledged()
+                conn.produce(topic, 0, memoryview(out)[:size])
+                first += count
+            while conn.pending:
                 conn.acknowledged()
-            conn.produce(topic, 0, memoryview(out)[:size])
-            first += count
-        while conn.pending:
-            conn.acknowledged()
-    finally:
-        conn.close()
+        finally:
+            conn.close()
+
+    return send
 
 
-def send_librdkafka(bootstrap: str, topic: str, batch: pa.RecordBatch, idempotent: bool) -> None:
-    """The same records through the sink's native produce loop (librdkafka), to partition 0, every one
-    acknowledged before it returns."""
+def send_librdkafka(bootstrap: str, topic: str, batch: pa.RecordBatch, idempotent: bool) -> Any:
+    """A producer of the sink's native produce loop (librdkafka), connected (not timed); the returned call sends
+    the same records to partition 0 and returns once every one is acknowledged."""
     from recoverable_sink.options import parse_options
     from recoverable_sink.producer.ledger import Ledger
     from recoverable_sink.producer.native import NativeProducer
@@ -157,17 +160,23 @@ def send_librdkafka(bootstrap: str, topic: str, batch: pa.RecordBatch, idempoten
     if not idempotent:
         conf["enable.idempotence"] = "false"
     producer = NativeProducer(conf)
-    ledger = Ledger(producer)
+    producer.connect(30, topic)
     with_partition = batch.append_column("partition", pa.array([0] * batch.num_rows, pa.int32()))
-    ledger.send(with_partition, topic, 0)
-    ledger.wait_for_acks(300)
-    if ledger.acked != batch.num_rows:
-        raise RuntimeError(f"librdkafka: {ledger.acked} of {batch.num_rows} acknowledged: {ledger.first_error()}")
+
+    def send() -> None:
+        ledger = Ledger(producer)
+        ledger.send(with_partition, topic, 0)
+        ledger.wait_for_acks(300)
+        if ledger.acked != batch.num_rows:
+            raise RuntimeError(f"librdkafka: {ledger.acked} of {batch.num_rows} acknowledged: "
+                               f"{ledger.first_error()}")
+
+    return send
 
 
-def _timed(write: Any) -> tuple[float, float]:
+def _timed(send: Any) -> tuple[float, float]:
     cpu, wall = time.process_time(), time.perf_counter()
-    write()
+    send()
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
@@ -189,7 +198,7 @@ def measure(bootstrap: str, fresh_topic: Any, count: Any) -> dict[str, Any]:
         for rep in range(REPS + 1):  # the first round warms up the broker's log and the page cache
             for name, write in paths.items():
                 topic = fresh_topic()
-                spent, took = _timed(lambda w=write, t=topic: w(t))
+                spent, took = _timed(write(topic))
                 landed = count(topic)
                 if landed != rows:
                     raise RuntimeError(f"{name}: {landed} of {rows} records in {topic}")
