@@ -19,7 +19,8 @@ the Python worker's peak memory writing one partition of 1x and 4x the usual par
 a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch), and rate-limited
 writes against the time their limits imply (bench.rate), and Schema Registry framing against plain Avro bytes
 (bench.registry), and the dead-letter option with nothing refused against none (bench.dead_letters), and the
-benchmark-only produce path of our own against librdkafka (bench.own_produce).
+benchmark-only produce path of our own against librdkafka (bench.own_produce), and a stream's latency to a
+read_committed reader and its micro-batch time beside Spark's sink (bench.stream_latency).
 
     make bench                                        # BENCH_ROWS=2000000 BENCH_REPS=3 BENCH_JVM_WARMUP_WRITES=2
                                                       # BENCH_JVM_WARMUP_MAX=8
@@ -342,11 +343,15 @@ def main() -> int:
             registry = schema_registry.measure(b)
         dead: dict[str, Any] = {}
         own: dict[str, Any] = {}
+        latency: dict[str, Any] = {}
         if not ONLY:
             from bench import dead_letters, own_produce
             from testing.kafka_check import count_records
 
             dead = dead_letters.measure(b)
+            from bench import stream_latency
+
+            latency = stream_latency.measure(b.spark, b.bootstrap, lambda: b.fresh_topic("latency", 4))
             own = own_produce.measure(b.bootstrap, lambda: b.fresh_topic("own-produce", 1),
                                       lambda topic: count_records(b.bootstrap, topic))
         fixed: dict[str, Any] = {}
@@ -370,6 +375,7 @@ def main() -> int:
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
             "memory_by_partition_size": memory, "fixed_cost": fixed, "rate_limit": rate,
             "schema_registry": registry, "dead_letters": dead, "own_produce_prototype": own,
+            "stream_latency": latency,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
             "wall_minutes": round((time.monotonic() - started) / 60, 1),
         }
