@@ -17,7 +17,6 @@ then the split that finds nothing to route), medians of 500.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bench.harness import OUT, Bench
+from bench.harness import OUT, Bench, run_alone
 from testing.spark import sink_writer
 
 ROWS = int(os.environ.get("DLQ_ROWS", "1000000"))
@@ -123,24 +122,7 @@ def _write(b: Bench, df: Any, topic: str, options: dict[str, str]) -> None:
 
 
 def main() -> int:
-    from bench.cpu import CpuMeter
-    from bench.harness import spark_session
-    from recoverable_sink import RecoverableKafkaDataSource
-    from testing.kafka_local import ensure_local, local_cluster
-
-    ensure_local()
-    cluster = local_cluster()
-    cpu = CpuMeter(set())
-    spark = spark_session()
-    spark.dataSource.register(RecoverableKafkaDataSource)
-    b = Bench(spark, cluster, cpu=cpu)
-    result = measure(b)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "dead_letters.json").write_text(json.dumps(result, indent=2) + "\n")
-    sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    spark.stop()
-    cpu.close()
-    return 0 if not b.errors else 1
+    return run_alone(measure, "dead_letters")
 
 
 if __name__ == "__main__":

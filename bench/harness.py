@@ -179,3 +179,27 @@ def frame(spark: SparkSession, rows: int, value_bytes: int, headers: bool = Fals
             F.struct(F.lit("seq").alias("key"), F.col("id").cast("string").cast("binary").alias("value")),
         ).alias("headers"))
     return spark.range(0, rows, 1, partitions).select(*columns)
+
+
+def run_alone(measure: Callable[[Bench], dict[str, Any]], name: str, count_cpu: bool = True) -> int:
+    """A section of ``make bench`` run on its own (``python -m bench.<name>``): the development broker, a session
+    with the sink registered, ``measure``'s result written to build/bench/<name>.json and printed. Exit status 0
+    unless the Bench noted an error."""
+    from recoverable_sink import RecoverableKafkaDataSource
+    from testing.kafka_local import ensure_local, local_cluster
+
+    ensure_local()
+    cpu = CpuMeter(set()) if count_cpu else None
+    spark = spark_session()
+    spark.dataSource.register(RecoverableKafkaDataSource)
+    b = Bench(spark, local_cluster(), cpu=cpu)
+    try:
+        result = measure(b)
+    finally:
+        spark.stop()
+        if cpu is not None:
+            cpu.close()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    return 0 if not b.errors else 1

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from bench.harness import OUT, Bench, frame
+from bench.harness import OUT, Bench, frame, run_alone
 from recoverable_sink.options import parse_size
 from testing.kafka_check import count_topic
 from testing.spark import sink_writer
@@ -70,20 +70,7 @@ def measure(b: Bench) -> dict[str, Any]:
 
 
 def main() -> int:
-    from bench.harness import spark_session
-    from recoverable_sink import RecoverableKafkaDataSource
-    from testing.kafka_local import ensure_local, local_cluster
-
-    ensure_local()
-    cluster = local_cluster()
-    spark = spark_session()
-    spark.dataSource.register(RecoverableKafkaDataSource)
-    b = Bench(spark, cluster)
-    result = measure(b)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "rate.json").write_text(json.dumps(result, indent=2) + "\n")
-    spark.stop()
-    return 0 if all(c["verified"] for c in result["cases"]) else 1
+    return run_alone(measure, "rate", count_cpu=False)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import statistics
 import sys
 from typing import Any
 
-from bench.harness import OUT, Bench
+from bench.harness import OUT, Bench, run_alone
 from testing.schema_registry import SchemaRegistry
 from testing.spark import sink_writer
 
@@ -74,24 +74,7 @@ def _write(b: Bench, df: Any, topic: str, options: dict[str, str]) -> None:
 
 
 def main() -> int:
-    from bench.cpu import CpuMeter
-    from bench.harness import spark_session
-    from recoverable_sink import RecoverableKafkaDataSource
-    from testing.kafka_local import ensure_local, local_cluster
-
-    ensure_local()
-    cluster = local_cluster()
-    cpu = CpuMeter(set())
-    spark = spark_session()
-    spark.dataSource.register(RecoverableKafkaDataSource)
-    b = Bench(spark, cluster, cpu=cpu)
-    result = measure(b)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "registry.json").write_text(json.dumps(result, indent=2) + "\n")
-    sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    spark.stop()
-    cpu.close()
-    return 0 if not b.errors else 1
+    return run_alone(measure, "registry")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ and the mean and p50 of Spark's own micro-batch duration (``triggerExecution``) 
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import Consumer
 
-from bench.harness import OUT
+from bench.harness import Bench, run_alone
 
 RATE = int(os.environ.get("LATENCY_RATE", "2000"))
 SECONDS = int(os.environ.get("LATENCY_SECONDS", "60"))
@@ -120,21 +119,10 @@ def measure(spark: Any, bootstrap: str, fresh_topic: Any) -> dict[str, Any]:
 
 
 def main() -> int:
-    from bench.harness import spark_session
-    from recoverable_sink import RecoverableKafkaDataSource
-    from testing.kafka_local import ensure_local, local_cluster
+    def fresh(b: Bench) -> Any:
+        return lambda: b.fresh_topic("latency", PARTITIONS)
 
-    ensure_local()
-    cluster = local_cluster()
-    spark = spark_session()
-    spark.dataSource.register(RecoverableKafkaDataSource)
-    result = measure(spark, cluster.bootstrap_servers,
-                     lambda: cluster.create_topic(f"latency-{uuid.uuid4().hex[:8]}", PARTITIONS, 1))
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "stream_latency.json").write_text(json.dumps(result, indent=2) + "\n")
-    sys.stdout.write(json.dumps(result, indent=2) + "\n")
-    spark.stop()
-    return 0
+    return run_alone(lambda b: measure(b.spark, b.bootstrap, fresh(b)), "stream_latency", count_cpu=False)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from testing.kafka_local import REPO, KafkaCluster
+from testing.schema_registry import SchemaRegistry
 from testing.spark import QUICK_START_ENV, local_spark
 
 if TYPE_CHECKING:
@@ -70,6 +71,16 @@ def kafka_defaults() -> Iterator[KafkaCluster]:
         yield cluster
     finally:
         cluster.stop(timeout_s=20)
+
+
+@pytest.fixture(scope="session")
+def registry() -> Iterator[SchemaRegistry]:
+    """A real Schema Registry (testing.schema_registry), started only when a test asks for it."""
+    r = SchemaRegistry().start()
+    try:
+        yield r
+    finally:
+        r.stop()
 
 
 @pytest.fixture

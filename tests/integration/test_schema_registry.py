@@ -17,18 +17,10 @@ from pyspark.sql.avro.functions import to_avro
 from recoverable_sink import RecoverableKafkaDataSource
 from testing.kafka_check import count_records
 from testing.kafka_local import free_port
-from testing.schema_registry import SchemaRegistry
 from testing.spark import sink_writer
 
 SCHEMA = json.dumps({"type": "record", "name": "Order", "namespace": "shop",
                      "fields": [{"name": "id", "type": "long"}, {"name": "item", "type": "string"}]})
-
-
-@pytest.fixture(scope="module")
-def registry():
-    r = SchemaRegistry().start()
-    yield r
-    r.stop()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -9,7 +9,6 @@ import json
 import uuid
 
 import pytest
-from confluent_kafka import Consumer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
@@ -18,7 +17,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from pyspark.sql import functions as F
 
 from recoverable_sink import RecoverableKafkaDataSource
-from testing.schema_registry import SchemaRegistry
+from testing.kafka_check import read_topic
 from testing.spark import sink_writer
 
 ROWS = 2000
@@ -31,13 +30,6 @@ message Order { int64 id = 1; string item = 2; }
 JSON_SCHEMA = json.dumps({"$schema": "http://json-schema.org/draft-07/schema#", "title": "Order", "type": "object",
                           "properties": {"id": {"type": "integer"}, "item": {"type": "string"}},
                           "required": ["id", "item"]})
-
-
-@pytest.fixture(scope="module")
-def registry():
-    r = SchemaRegistry().start()
-    yield r
-    r.stop()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -58,22 +50,9 @@ def _order_class():
 
 
 def _read(bootstrap: str, topic: str, deserialize, expected: int) -> list:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex}",
-                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    consumer.subscribe([topic])
-    out: list = []
-    try:
-        idle = 0
-        while len(out) < expected and idle < 30:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                idle += 1
-                continue
-            assert msg.error() is None, msg.error()
-            out.append(deserialize(msg.value(), SerializationContext(topic, MessageField.VALUE)))
-    finally:
-        consumer.close()
-    return out
+    """Every value of ``topic`` (read_committed), decoded by ``deserialize``."""
+    context = SerializationContext(topic, MessageField.VALUE)
+    return [deserialize(r["value"], context) for r in read_topic(bootstrap, topic, 120, expected=expected)]
 
 
 @pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
