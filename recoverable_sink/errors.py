@@ -27,6 +27,10 @@ class RecordError(RecoverableSinkError, ValueError):
     """A record cannot be published as it is (null topic, partition out of range, too large, ...)."""
 
 
+class UnknownTopicError(RecordError):
+    """A record's topic column names a topic the cluster does not have, and the sink may not create it."""
+
+
 class WalError(RecoverableSinkError):
     """The write-ahead log cannot be opened or written (permissions, disk full, ...)."""
 

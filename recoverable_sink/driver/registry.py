@@ -109,7 +109,8 @@ def protobuf_message(proto: str, message: str | None, field: str = "value") -> t
     i = 0
     while i < len(tokens):
         token = tokens[i]
-        if token == "message" and i + 2 < len(tokens) and tokens[i + 2] == "{":
+        starts = i == 0 or tokens[i - 1] in ("{", "}", ";")  # a declaration, not a field named "message"
+        if token == "message" and starts and i + 2 < len(tokens) and tokens[i + 2] == "{":
             name, (parent, path, children) = tokens[i + 1], stack[-1]
             stack[-1] = (parent, path, children + 1)
             full = ".".join(n for n in [*(s[0] for s in stack[1:] if s[0]), name] if n)

@@ -38,11 +38,14 @@ _SINK_CLASS = "recoverable_sink.RecoverableKafkaDataSource"
 @dataclass(frozen=True)
 class DeadLetters:
     """The records of one batch that go to the dead-letter topic: ``batch`` (in the sink's record shape, a topic
-    column naming the dead-letter topic), ``digests`` (their delivery identities), ``rows`` (their indexes in the
-    batch they left) and ``kinds`` (each one's refusal, the first found)."""
+    column naming the dead-letter topic), ``digests`` (their delivery identities), ``input_digests`` (their
+    identities as they came in, for the input's fingerprint, which a skipped exactly_once partition compares with
+    its marker's), ``rows`` (their indexes in the batch they left) and ``kinds`` (each one's refusal, the first
+    found)."""
 
     batch: pa.RecordBatch
     digests: bytes
+    input_digests: bytes
     rows: list[int]
     kinds: list[str]
 
@@ -68,6 +71,7 @@ def split(batch: pa.RecordBatch, refusals: list[Refusal], dead: DeadLetterTopic,
     # Identity: the record as it was, aimed at the dead-letter topic.
     identity = _replace_topic(taken, dead.topic) if "topic" in names else taken
     digests = record_digests(identity, dead.topic, cluster_id)
+    as_input = record_digests(taken, topic_option, cluster_id)
     why = [refusals[reason[r]] for r in rows]
     topics = taken.column("topic").to_pylist() if "topic" in names else [topic_option] * len(rows)
     parts = taken.column("partition").to_pylist() if "partition" in names else [None] * len(rows)
@@ -79,7 +83,7 @@ def split(batch: pa.RecordBatch, refusals: list[Refusal], dead: DeadLetterTopic,
             headers[H_PARTITION] = str(part)
         extra.append([{"key": k, "value": v.encode()} for k, v in headers.items()])
     letters = _letters(taken, dead.topic, extra)
-    return kept, DeadLetters(letters, digests, rows, [r.kind for r in why])
+    return kept, DeadLetters(letters, digests, as_input, rows, [r.kind for r in why])
 
 
 def _replace_topic(batch: pa.RecordBatch, topic: str) -> pa.RecordBatch:

@@ -8,6 +8,9 @@ import base64
 import datetime
 import decimal
 import json
+import math
+import os
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -48,19 +51,44 @@ def normalise(batch: pa.RecordBatch, plan: SchemaPlan) -> pa.RecordBatch:
 
 def json_column(column: pa.Array) -> pa.Array:
     """A struct column as JSON documents (UTF-8 bytes; a null struct stays null: a tombstone), as Spark's
-    ``to_json`` writes them: field names as keys, timestamps and dates in ISO 8601, binary as base64."""
-    return pa.array([None if row is None else json.dumps(row, separators=(",", ":"), default=_json_default).encode()
+    ``to_json`` writes them: field names as keys, a map as an object, timestamps and dates in ISO 8601, binary as
+    base64, decimals with their exact digits; NaN and infinities, which JSON has no number for, as null."""
+    kind = column.type
+    return pa.array([None if row is None else
+                     _dumps(_plain(row, kind)).encode()
                      for row in column.to_pylist()], pa.binary())
 
 
-def _json_default(value: object) -> object:
+def _plain(value: object, kind: pa.DataType) -> object:
+    """A value as to_pylist gives it, in the shapes JSON has."""
+    if value is None:
+        return None
+    if pa.types.is_struct(kind):
+        return {f.name: _plain(value[f.name], f.type) for f in kind}  # type: ignore[index]
+    if pa.types.is_map(kind):
+        return {str(k): _plain(v, kind.item_type) for k, v in value}  # type: ignore[attr-defined]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return [_plain(v, kind.value_type) for v in value]  # type: ignore[attr-defined]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if isinstance(value, datetime.datetime | datetime.date | datetime.time):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
-        return float(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+        return f"{_DECIMAL}{value}{_DECIMAL}"  # unquoted afterwards: json writes no Decimal as it is
+    return value
+
+
+# Around a decimal's digits, a marker no input string holds: a NUL (json writes it as \u0000) and a random token.
+_TOKEN = os.urandom(8).hex()
+_DECIMAL = f"\x00{_TOKEN}"
+_DECIMAL_TEXT = re.compile(r'"\\u0000' + _TOKEN + r'([-+0-9.Ee]+)\\u0000' + _TOKEN + '"')
+
+
+def _dumps(value: object) -> str:
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return _DECIMAL_TEXT.sub(r"\1", text) if _TOKEN in text else text
 
 
 @lru_cache(maxsize=8)

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recoverable_sink.errors import RecordError
+from recoverable_sink.errors import RecordError, UnknownTopicError
 
 # librdkafka refuses a record when this plus its key, value and serialised headers exceed message.max.bytes
 # (RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD: the largest varints of length, timestamp and offset deltas, key and value
@@ -120,7 +120,9 @@ def find_refusals(batch: pa.RecordBatch, topic_option: str | None, max_message_b
         in_topic = pa.array(np.ones(batch.num_rows, dtype=bool)) if topics is None else pc.equal(topics, topic)
         try:
             count = partition_count(topic)
-        except RecordError as exc:
+        except UnknownTopicError as exc:
+            if topics is None:
+                raise  # the topic option's own topic (checked on the driver) is gone: no record is at fault
             add("UnknownTopic", in_topic, lambda row, text=str(exc): text)
             continue
         if parts is not None:

@@ -29,6 +29,7 @@ from enum import Enum
 from typing import TypeVar
 
 import pyarrow as pa
+from confluent_kafka import KafkaError
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
@@ -40,6 +41,7 @@ from recoverable_sink.errors import (
     RecordError,
     RerunRefusedError,
     StaleAttemptError,
+    UnknownTopicError,
 )
 from recoverable_sink.executor import dead_letters, resume_plan
 from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt, NoLog, open_log
@@ -106,17 +108,21 @@ class _Partitions:
 
     def __call__(self, topic: str) -> int:
         if topic not in self.counts:
-            count, reason = self.producer.partition_count(topic, 30)
-            if reason is not None:
+            count, err = self.producer.partition_count(topic, 30)
+            if err is not None:
+                if err.code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                    # Not an answer that the topic is missing (a time-out, no authorisation): the task fails.
+                    raise RecordError(f"topic {topic}'s metadata could not be read ({err.str()}): check the brokers "
+                                      "and that this principal may DESCRIBE and WRITE the topic")
                 # A topic column's topic: created as the brokers would auto-create it, unless topic.mustExist.
                 why = "topic.mustExist=true" if self.options.topic_must_exist else \
                     create_as_brokers_would(self.options, topic, 30)
                 if why is not None:
-                    raise RecordError(f"topic {topic} does not exist or is not accessible ({reason}), and {why}: "
-                                      "create it first, or check its name")
-                count, reason = self.producer.partition_count(topic, 30)
-                if reason is not None:
-                    raise RecordError(f"topic {topic} was created but is not accessible ({reason})")
+                    raise UnknownTopicError(f"topic {topic} does not exist ({err.str()}), and {why}: create it "
+                                            "first, or check its name")
+                count, err = self.producer.partition_count(topic, 30)
+                if err is not None:
+                    raise RecordError(f"topic {topic} was created but is not accessible ({err.str()})")
             self.counts[topic] = count
         return self.counts[topic]
 
@@ -318,7 +324,7 @@ class AtLeastOnceWriter:
             for kind, n in dead.counts().items():
                 self.message.dead_lettered[kind] = self.message.dead_lettered.get(kind, 0) + n
             self.message.dead_letter_topic = self.options.errors.topic
-            self._log_and_send(dead.batch, dead.digests)
+            self._log_and_send(dead.batch, dead.digests, dead.input_digests)
 
     def _dead_letter_context(self) -> dict[str, str]:
         """The headers that say which write and task attempt sent a dead letter."""
@@ -337,9 +343,10 @@ class AtLeastOnceWriter:
                     f"{self.where}, record {first + row}: Kafka would refuse it ({dead.kinds[i]}), and the "
                     f"dead-letter topic {self.options.errors.topic} would refuse it too: {refusal.message(i)}")
 
-    def _log_and_send(self, batch: pa.RecordBatch, digests: bytes | None) -> None:
+    def _log_and_send(self, batch: pa.RecordBatch, digests: bytes | None, as_input: bytes | None = None) -> None:
         """Log a checked batch (less what earlier attempts delivered) and produce the batch before it. ``digests``:
-        the records' delivery identities where they are not the batch's own (dead letters)."""
+        the records' delivery identities where they are not the batch's own (dead letters), and ``as_input`` their
+        identities as they came in, which the input's fingerprint counts."""
         if self.marker_topic is None and digests is None:
             self.marker_topic = batch.column("topic")[0].as_py()
         # Hashed beside the WAL store, unless needed here to match a retry's input.
@@ -347,7 +354,7 @@ class AtLeastOnceWriter:
                                 (self.log.key is None and self.FINGERPRINT_WITHOUT_WAL)):
             digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
         if digests is not None:
-            self.fingerprint.add(digests)
+            self.fingerprint.add(as_input if as_input is not None else digests)
             if self.delivered or self.earlier:
                 sent = self._not_delivered(split(digests))
                 if not all(sent):

@@ -107,6 +107,7 @@ class ConfluentProducer:
         """The records of the sends since the queue was last empty whose content a failure report named."""
         errors = {content: (err, partition) for content, err, partition in failed}
         out = []
+        unmatched = set(errors)
         for sent in self._sent:
             records = to_records(sent.batch)
             n = len(records)
@@ -115,9 +116,18 @@ class ConfluentProducer:
             chosen = fields if sent.rows is None else [fields[i] for i in sent.rows]
             for i, (t, k, v) in enumerate(chosen[:sent.taken]):
                 found = errors.get((t, _b(k), _b(v)))
-                if found is not None and (sent.slot, i) not in self._reported:
-                    self._reported.add((sent.slot, i))
-                    out.append(Failure(sent.slot, i, found[0], t, found[1]))
+                if found is not None:
+                    unmatched.discard((t, _b(k), _b(v)))
+                    if (sent.slot, i) not in self._reported:
+                        self._reported.add((sent.slot, i))
+                        out.append(Failure(sent.slot, i, found[0], t, found[1]))
+        if unmatched:  # a report naming no record sent since the queue was empty: trust none of them
+            err, partition = errors[next(iter(unmatched))]
+            for sent in self._sent:
+                for i in range(sent.taken):
+                    if (sent.slot, i) not in self._reported:
+                        self._reported.add((sent.slot, i))
+                        out.append(Failure(sent.slot, i, err, sent.topic, partition))
         return out
 
     def poll(self, timeout: float = 0) -> int:
@@ -139,10 +149,12 @@ class ConfluentProducer:
             return str(exc)
         return None
 
-    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
+    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, KafkaError | None]:
         meta = self.client.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return -1, meta.error.str() if meta is not None and meta.error is not None else "no metadata"
+        if meta is None:
+            return -1, KafkaError(KafkaError._UNKNOWN_TOPIC, "not in the cluster's metadata")
+        if meta.error is not None:
+            return -1, meta.error
         return len(meta.partitions), None
 
     def init_transactions(self, timeout_s: float) -> None:

@@ -90,30 +90,36 @@ class Ledger:
             rows = [i for i in range(n) if not skip[i]]
         count = n if rows is None else len(rows)
         slot = next(_SLOTS)
-        taken = 0
+        taken, stopped = 0, None
         try:
             if count:
                 with fatal_errors():
                     try:
                         taken = self.producer.send(batch, topic, slot, rows)
                     except Stopped as stop:
-                        taken = stop.index
-                        self._stopped(stop, seg_first + (stop.index if rows is None else rows[stop.index]))
-            self.serve()
+                        taken, stopped = stop.index, stop
         finally:
-            # Booked even when a record is refused midway: the failure path waits for those before it.
+            # Booked before any report is served (a drain learns this send's failures only once it is in the
+            # window), and even when a record is refused midway: the failure path waits for those before it.
             self.produced += taken
             if taken:
                 upto = n if taken == count else (taken if rows is None else rows[taken])
                 self._window.append(_Handed(seg_first, bitmap, upto, slot, rows))
+        if stopped is not None:
+            self._stopped(stopped, seg_first + (stopped.index if rows is None else rows[stopped.index]))
+        self.serve()
         return taken
 
     def _stopped(self, stop: Stopped, position: int) -> None:
-        if not isinstance(stop.cause, KafkaException):
-            raise stop.cause
-        # A handle in a fatal state (fenced, idempotence lost) refuses every record with that error's code: serving
-        # raises it as fatal, which the task reports as such, not as this record's problem.
-        self.producer.poll(0)
+        with fatal_errors():
+            if not isinstance(stop.cause, KafkaException):
+                raise stop.cause
+            # A handle in a fatal state (fenced, idempotence lost) refuses every record with that error's code:
+            # serving raises it as fatal, which the task reports as such, not as this record's problem.
+            try:
+                self.producer.poll(0)
+            finally:
+                self._take()  # the first failed delivery, where it is the cause
         raise refused(stop.cause, position, stop.topic, stop.partition, self.scrub, self.first_error()) from None
 
     # ---- draining ---------------------------------------------------------------------------------------------

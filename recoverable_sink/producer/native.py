@@ -132,9 +132,9 @@ class NativeProducer:
             raise Stopped(taken, KafkaException(KafkaError(code, text)), row_topic, -1 if part is None else part)
         return taken
 
-    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
+    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, KafkaError | None]:
         count, code, text = self._p.partition_count(topic, timeout_s)
-        return count, (text or KafkaError(code).str()) if count < 0 else None
+        return count, KafkaError(code, text or KafkaError(code).str()) if count < 0 else None
 
     def connect(self, timeout_s: float, topic: str | None = None) -> str | None:
         """Wait until a broker answers a metadata request: None, or why not (any broker: ``topic`` is not asked

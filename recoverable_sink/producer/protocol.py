@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import pyarrow as pa
+from confluent_kafka import KafkaError
 
 from recoverable_sink.producer.reports import Reports
 
@@ -46,8 +47,8 @@ class SinkProducer(Protocol):
         retries that search only after 500 ms if no broker was connected yet, which a new producer never is."""
         ...
 
-    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, str | None]:
-        """A topic's partition count from the cluster's metadata: (count, None), or (-1, why not)."""
+    def partition_count(self, topic: str, timeout_s: float) -> tuple[int, KafkaError | None]:
+        """A topic's partition count from the cluster's metadata: (count, None), or (-1, the error)."""
         ...
 
     # exactly_once: the transaction calls, with confluent-kafka's names and errors (KafkaException).

@@ -49,6 +49,8 @@ def test_a_protobuf_messages_index_list_counts_nested_messages_and_skips_comment
     assert protobuf_message(PROTO, None) == ("shop.Order", [0])
     assert protobuf_message(PROTO, "Order.Line") == ("shop.Order.Line", [0, 0])
     assert protobuf_message(PROTO, "shop.Invoice") == ("shop.Invoice", [1])
+    field_named_message = 'message A { string message = 1 [(v.field) = {min_len: 1}]; message B {} }'
+    assert protobuf_message(field_named_message, "A.B") == ("A.B", [0, 0])
     assert encode_indexes([1]) == b"\x02\x02" and encode_indexes([0]) == b"\x00"
     assert encode_indexes([0, 70]) == b"\x04\x00\x8c\x01"  # zigzag 140 as a two-byte varint
 
@@ -65,6 +67,12 @@ def test_record_name_strategies_name_protobuf_and_json_subjects_by_message_and_t
 
 def test_a_struct_column_is_written_as_json_documents_and_a_null_struct_stays_a_tombstone():
     import datetime
+    import decimal
 
     column = pa.array([{"id": 1, "at": datetime.datetime(2026, 1, 2, 3, 4, 5), "raw": b"\x01"}, None])
     assert json_column(column).to_pylist() == [b'{"id":1,"at":"2026-01-02T03:04:05","raw":"AQ=="}', None]
+    kinds = pa.struct([("price", pa.decimal128(30, 9)), ("tags", pa.map_(pa.string(), pa.float64())),
+                       ("ratio", pa.float64())])
+    row = {"price": decimal.Decimal("12345678901234567890.123456789"), "tags": [("a", 1.5)], "ratio": float("nan")}
+    assert json_column(pa.array([row], kinds)).to_pylist() == \
+        [b'{"price":12345678901234567890.123456789,"tags":{"a":1.5},"ratio":null}']

@@ -107,3 +107,17 @@ def test_without_the_option_the_first_refused_record_fails_the_task_as_before(wa
 def test_dead_letter_options_that_cannot_work_are_refused_naming_the_option(given, refused):
     with pytest.raises(OptionError, match=refused):
         parse_options({**KAFKA, "topic": "t", **given})
+
+
+def test_the_inputs_fingerprint_counts_a_dead_letter_as_the_record_it_was(wal_dir):
+    """An exactly_once partition skipped as committed compares its input's fingerprint with its marker's, taken
+    from the write that routed the dead letters: both must count every record as it came in."""
+    from recoverable_sink.executor.normalise import normalise
+    from recoverable_sink.identity import Fingerprint, record_digests
+
+    writer = _write(_options(wal_dir), FakeProducer(), _input(), commit=False)
+    writer.commit()
+    expected = Fingerprint()
+    for b in _batches(_input()):
+        expected.add(record_digests(normalise(b, PLAN), "t", "c1"))
+    assert writer.fingerprint == expected

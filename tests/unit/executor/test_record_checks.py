@@ -5,7 +5,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 
 from recoverable_sink.columns import HEADERS_TYPE, SchemaPlan
-from recoverable_sink.errors import RecordError
+from recoverable_sink.errors import RecordError, UnknownTopicError
 from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.record_checks import check_batch
 from recoverable_sink.identity import record_digests
@@ -14,7 +14,7 @@ from recoverable_sink.producer.arguments import to_records
 
 def counts(topic: str) -> int:
     if topic == "missing":
-        raise RecordError(f"topic {topic} does not exist")
+        raise UnknownTopicError(f"topic {topic} does not exist")
     return 3
 
 

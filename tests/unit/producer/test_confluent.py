@@ -106,3 +106,13 @@ def _msg(sent: Sent) -> Any:
     from tests.unit.fakes import _Msg
 
     return _Msg(sent)
+
+
+def test_a_failure_report_that_names_no_record_sent_fails_every_record_since_the_queue_was_empty():
+    fake = FakeProducer(ack_budget=0)
+    ledger = Ledger(sink_producer(fake))
+    ledger.send(pa.RecordBatch.from_pydict({"value": [b"a", b"b"]}), "t", 0)
+    fake.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), _msg(Sent("t", b"never sent", None, 0, 0, None)))
+    fake.queue.clear()
+    ledger.drain(1)
+    assert (bytes(ledger.take_changes()[0]), ledger.failed) == (b"\0\0", 2)

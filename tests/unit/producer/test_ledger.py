@@ -25,6 +25,7 @@ class Scripted:
         self.pending = Reports()
         self.stop_at: tuple[int, BaseException] | None = None
         self.fatal = False
+        self.after_send: list = []  # called once each after a send, as a report served meanwhile would be
 
     def send(self, batch: pa.RecordBatch, topic: str | None, slot: int, rows: list[int] | None) -> int:
         count = batch.num_rows if rows is None else len(rows)
@@ -35,6 +36,8 @@ class Scripted:
             raise Stopped(index, cause, topic, 3)
         self.sends.append((slot, rows, count))
         self.queued += count
+        while self.after_send:
+            self.after_send.pop(0)()
         return count
 
     def deliver(self, fail: list[tuple[int, int]] = (), written: list[tuple[str, int, int, int, int]] = ()) -> None:
@@ -161,3 +164,16 @@ def test_a_fully_acknowledged_segment_is_forgotten_once_taken_and_a_failed_save_
     assert ledger.take_changes() == {}
     ledger.give_back(taken)  # the WAL could not save them
     assert {k: bytes(v) for k, v in ledger.take_changes().items()} == {0: b"\1\1"}
+
+
+def test_a_failure_reported_while_its_own_send_returns_is_not_lost_to_a_drain_at_that_moment():
+    """Earlier records are in flight; the queue empties and this send's first record fails before the send is
+    booked: the drain that follows must still find that failure."""
+    producer = Scripted()
+    ledger = Ledger(producer)
+    ledger.send(_batch(2), "t", 0)
+    producer.after_send.append(lambda: producer.deliver(fail=[(1, 0)]))
+    ledger.send(_batch(3), "t", 2)
+    books = ledger.take_changes()
+    assert (bytes(books[0]), bytes(books[2])) == (b"\1\1", b"\0\1\1")
+    assert (ledger.acked, ledger.failed, ledger.outstanding) == (4, 1, 0)
