@@ -317,10 +317,11 @@ class AtLeastOnceWriter:
                                  self.max_message_name)
         batch, dead = dead_letters.split(batch, refusals, self.options.errors, self.plan.topic_option,
                                          self.cluster_id, self._dead_letter_context())
+        if dead is not None:
+            self._check_dead_letters(dead, first)  # before any of the batch enters the WAL
         if batch.num_rows:
             self._log_and_send(batch, None)
         if dead is not None:
-            self._check_dead_letters(dead, first)
             for kind, n in dead.counts().items():
                 self.message.dead_lettered[kind] = self.message.dead_lettered.get(kind, 0) + n
             self.message.dead_letter_topic = self.options.errors.topic
@@ -347,7 +348,7 @@ class AtLeastOnceWriter:
         """Log a checked batch (less what earlier attempts delivered) and produce the batch before it. ``digests``:
         the records' delivery identities where they are not the batch's own (dead letters), and ``as_input`` their
         identities as they came in, which the input's fingerprint counts."""
-        if self.marker_topic is None and digests is None:
+        if self.marker_topic is None:  # a topic column's first topic (the dead-letter topic's, for a dead letter)
             self.marker_topic = batch.column("topic")[0].as_py()
         # Hashed beside the WAL store, unless needed here to match a retry's input.
         if digests is None and (self.delivered or self.earlier or

@@ -122,3 +122,18 @@ def test_without_the_option_a_refused_record_fails_the_write_naming_it(spark, ka
     with pytest.raises(Exception, match=r"record \d+: key\+value\+headers with the record framing is \d+ bytes, more "
                                         r"than 1968 bytes"):
         sink_writer(_frame(spark).where("id % 1000 = 101"), kafka.bootstrap_servers, topic, tmp_path / "wal").save()
+
+
+def test_an_exactly_once_partition_whose_every_record_is_a_dead_letter_commits_them(spark, kafka, new_topic,
+                                                                                      tmp_path):
+    """With a topic column, a partition of dead letters alone still has a topic for its commit marker (the
+    dead-letter topic's): its transaction commits instead of being aborted as empty."""
+    dead = new_topic()
+    df = spark.range(30, numPartitions=1).select(F.col("id").cast("string").alias("key"),
+                                                 F.col("id").cast("string").alias("value"),
+                                                 F.lit(None).cast("string").alias("topic"))
+    sink_writer(df, kafka.bootstrap_servers, None, tmp_path / "wal",
+                **{"delivery.guarantee": "exactly_once", "errors.tolerance": "all",
+                   "errors.deadletterqueue.topic.name": dead,
+                   "transactional.id.prefix": f"dlq-{uuid.uuid4().hex[:8]}-"}).save()
+    assert verdict([str(i) for i in range(30)], ids_in_topic(kafka.bootstrap_servers, dead, expected=30)) == (0, 0, 0)
