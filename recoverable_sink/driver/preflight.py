@@ -286,6 +286,9 @@ def fit_topic_limit(options: SinkOptions, questions: TopicQuestions | None = Non
     return replace(options, producer_items=items, topic_max_message_bytes=limit)
 
 
+_UNKNOWN_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
+
+
 def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
     """With errors.tolerance=all: the dead-letter topic exists (made as the brokers would auto-create it, unless
     topic.mustExist), and its ``max.message.bytes`` is read, so that a task refuses a dead letter too large for it
@@ -306,7 +309,14 @@ def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
             limit = int(entry.value) if entry is not None and entry.value is not None else None
             return replace(options, errors=DeadLetterTopic(dead.topic, limit))
         except (KafkaException, ValueError, TimeoutError) as exc:
-            reason = options.scrub(str(exc))
+            err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+            if not (isinstance(err, KafkaError) and err.code() in _UNKNOWN_TOPIC):
+                # Not an answer that the topic is missing (no right to describe it, no answer in time): as for the
+                # topic option's limit, the brokers still enforce it, and a dead letter they refuse fails its task.
+                log.info("could not read dead-letter topic %s's max.message.bytes (%s); the brokers still enforce "
+                         "it", dead.topic, options.scrub(str(exc)))
+                return options
+            reason = options.scrub(err.str())
         if created:
             why = "it was created but is still not accessible"
         elif options.topic_must_exist:
@@ -315,9 +325,8 @@ def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
             why = create_as_brokers_would(options, dead.topic, options.preflight_timeout_s)
         if why is not None:
             raise OptionError(
-                f"option errors.deadletterqueue.topic.name={dead.topic}: the topic does not exist or is not "
-                f"accessible ({reason}), and {why}: create it first (and let this principal DESCRIBE and WRITE "
-                "it), or check its name")
+                f"option errors.deadletterqueue.topic.name={dead.topic}: the topic does not exist ({reason}), and "
+                f"{why}: create it first, or check its name")
     raise AssertionError("unreachable")
 
 

@@ -137,3 +137,23 @@ def test_an_exactly_once_partition_whose_every_record_is_a_dead_letter_commits_t
                    "errors.deadletterqueue.topic.name": dead,
                    "transactional.id.prefix": f"dlq-{uuid.uuid4().hex[:8]}-"}).save()
     assert verdict([str(i) for i in range(30)], ids_in_topic(kafka.bootstrap_servers, dead, expected=30)) == (0, 0, 0)
+
+
+def test_a_missing_dead_letter_topic_is_created_where_brokers_auto_create_and_refused_where_not(
+        spark, kafka, kafka_defaults, tmp_path):
+    from confluent_kafka.admin import AdminClient
+
+    df = spark.range(10, numPartitions=1).select(F.col("id").cast("string").alias("key"),
+                                                 F.col("id").cast("string").alias("value"))
+    for cluster in (kafka, kafka_defaults):
+        cluster.create_topic(topic := f"main-{uuid.uuid4().hex[:8]}", 1, 1)
+        dead = f"dead-{uuid.uuid4().hex[:8]}"
+        write = sink_writer(df, cluster.bootstrap_servers, topic, tmp_path / "wal",
+                            **{"errors.tolerance": "all", "errors.deadletterqueue.topic.name": dead})
+        if cluster is kafka:
+            with pytest.raises(Exception, match=f"errors.deadletterqueue.topic.name={dead}: the topic does not exist "
+                                                r".*auto.create.topics.enable=false"):
+                write.save()
+        else:
+            write.save()
+            assert dead in AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(timeout=10).topics
