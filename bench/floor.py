@@ -25,7 +25,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterCommitMessage
+from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, DataSourceStreamWriter, WriterCommitMessage
+
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamArrowWriter
+except ImportError:  # pyspark 4.0 hands Arrow batches to a stream writer that is also an Arrow writer
+    class _StreamArrowWriter(DataSourceStreamWriter, DataSourceArrowWriter):  # type: ignore[no-redef]
+        pass
 
 from bench.harness import OUT, Bench, frame, spark_session
 from testing.kafka_local import KafkaCluster
@@ -45,6 +51,19 @@ class _CountingWriter(DataSourceArrowWriter):
         return _Counted(sum(batch.num_rows for batch in iterator))
 
 
+class _CountingStreamWriter(_StreamArrowWriter):
+    """A stream's micro-batches as Arrow batches, as the sink reads them, counted and dropped."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return _Counted(sum(batch.num_rows for batch in iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        pass
+
+
 class PythonFloor(DataSource):
     """A sink that receives every Arrow batch and drops it."""
 
@@ -54,6 +73,9 @@ class PythonFloor(DataSource):
 
     def writer(self, schema: Any, overwrite: bool) -> DataSourceArrowWriter:
         return _CountingWriter()
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+        return _CountingStreamWriter()
 
 
 def main() -> int:

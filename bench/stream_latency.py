@@ -8,7 +8,9 @@ trigger (a micro-batch as soon as the last one ended) for LATENCY_SECONDS, the f
 value is the source's own timestamp (epoch ms, when the rate source made the row); a ``read_committed`` consumer
 in this process stamps each record as it reads it, so latency = seen - made: the source's wait for its
 micro-batch, the micro-batch itself and the commit, as a reader sees them. Reported: p50 and p99 of that latency,
-and the mean and p50 of Spark's own micro-batch duration (``triggerExecution``) over the measured window.
+and the mean and p50 of Spark's own micro-batch duration (``triggerExecution``) over the measured window. Beside them
+``python_noop`` (bench.floor's Python sink that only reads its input, micro-batches only): what any Python sink's
+micro-batch takes.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ PARTITIONS = int(os.environ.get("LATENCY_PARTITIONS", "4"))
 WARMUP_S = 10
 CASES: dict[str, dict[str, str] | None] = {
     "spark_kafka": None,
+    "python_noop": None,
     "at_least_once": {"delivery.guarantee": "at_least_once"},
     "exactly_once": {"delivery.guarantee": "exactly_once"},
 }
@@ -58,7 +61,8 @@ class _Reader(threading.Thread):
             self.consumer.close()
 
 
-def run_case(spark: Any, bootstrap: str, topic: str, options: dict[str, str] | None, work: str) -> dict[str, Any]:
+def run_case(spark: Any, bootstrap: str, topic: str, name: str, options: dict[str, str] | None,
+             work: str) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     rows = (spark.readStream.format("rate").option("rowsPerSecond", RATE).option("numPartitions", PARTITIONS).load()
@@ -67,7 +71,9 @@ def run_case(spark: Any, bootstrap: str, topic: str, options: dict[str, str] | N
     reader = _Reader(bootstrap, topic)
     reader.start()
     checkpoint = f"{work}/checkpoint-{uuid.uuid4().hex}"
-    if options is None:
+    if name == "python_noop":
+        writer = rows.writeStream.format("python_floor")
+    elif options is None:
         writer = rows.writeStream.format("kafka").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
     else:
         writer = rows.writeStream.format("recoverable_kafka").options(
@@ -90,11 +96,14 @@ def run_case(spark: Any, bootstrap: str, topic: str, options: dict[str, str] | N
     latencies = sorted(seen - made for made, seen in reader.seen if made >= start_ms)
     durations = [p["durationMs"].get("triggerExecution", 0) for p in progress
                  if p.get("numInputRows") and _epoch_ms(p["timestamp"]) >= start_ms]
-    if not latencies or not durations:
+    if (not latencies and name != "python_noop") or not durations:
         raise RuntimeError(f"no measured records ({len(latencies)}) or micro-batches ({len(durations)})")
-    return {"records": len(latencies), "micro_batches": len(durations),
-            "p50_ms": latencies[len(latencies) // 2], "p99_ms": latencies[int(len(latencies) * 0.99)],
-            "batch_mean_ms": round(statistics.mean(durations), 1), "batch_p50_ms": statistics.median(durations)}
+    batches = {"micro_batches": len(durations), "batch_mean_ms": round(statistics.mean(durations), 1),
+               "batch_p50_ms": statistics.median(durations)}
+    if not latencies:
+        return batches
+    return {"records": len(latencies), "p50_ms": latencies[len(latencies) // 2],
+            "p99_ms": latencies[int(len(latencies) * 0.99)], **batches}
 
 
 def _epoch_ms(timestamp: str) -> float:
@@ -110,11 +119,13 @@ def measure(spark: Any, bootstrap: str, fresh_topic: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"rate": RATE, "seconds": SECONDS, "partitions": PARTITIONS, "cases": {}}
     with tempfile.TemporaryDirectory(prefix="latency-") as work:
         for name, options in CASES.items():
-            out["cases"][name] = run_case(spark, bootstrap, fresh_topic(), options, work)
+            out["cases"][name] = run_case(spark, bootstrap, fresh_topic(), name, options, work)
             sys.stdout.write(f"  stream latency, {name}: {out['cases'][name]}\n")
     spark_case, eo = out["cases"]["spark_kafka"], out["cases"]["exactly_once"]
     out["exactly_once_vs_spark"] = {"batch_mean": round(eo["batch_mean_ms"] / spark_case["batch_mean_ms"], 2),
                                     "p99": round(eo["p99_ms"] / spark_case["p99_ms"], 2)}
+    out["python_noop_vs_spark"] = {"batch_mean": round(out["cases"]["python_noop"]["batch_mean_ms"]
+                                                       / spark_case["batch_mean_ms"], 2)}
     return out
 
 
@@ -122,7 +133,13 @@ def main() -> int:
     def fresh(b: Bench) -> Any:
         return lambda: b.fresh_topic("latency", PARTITIONS)
 
-    return run_alone(lambda b: measure(b.spark, b.bootstrap, fresh(b)), "stream_latency", count_cpu=False)
+    def measured(b: Bench) -> dict[str, Any]:
+        from bench.floor import PythonFloor
+
+        b.spark.dataSource.register(PythonFloor)
+        return measure(b.spark, b.bootstrap, fresh(b))
+
+    return run_alone(measured, "stream_latency", count_cpu=False)
 
 
 if __name__ == "__main__":

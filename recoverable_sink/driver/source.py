@@ -1,16 +1,19 @@
 """The DataSource Spark looks up as ``format("recoverable_kafka")`` (driver).
 
 Validation happens here, at planning time, before any task runs: options, schema, save mode, and that the
-brokers answer and the topic exists.
+brokers answer and the topic exists. A stream's micro-batches reuse the answers for a while (:class:`RecentChecks`).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from typing import NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, DataSourceWriter
 from pyspark.sql.types import StructType
 
+from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.driver.batch_write import RecoverableKafkaBatchWriter
 from recoverable_sink.driver.preflight import (
@@ -26,11 +29,42 @@ from recoverable_sink.driver.stream_write import RecoverableKafkaStreamWriter
 from recoverable_sink.errors import OptionError, sentence_first
 from recoverable_sink.options import SinkOptions, parse_options
 
+log = get_logger("driver")
+
 
 class WriterArgs(NamedTuple):
     options: SinkOptions
     plan: SchemaPlan
     cluster_id: str
+
+
+class RecentChecks:
+    """The driver's answers for a stream's writer, reused for up to ``REUSE_S`` seconds by the same options and
+    schema. Spark asks for a stream writer twice per micro-batch (to plan it and to commit it, each in a Python
+    worker it keeps), and the checks are most of what the sink adds to a micro-batch over a Python sink that does
+    nothing (docs/performance.md, "A stream's checks reused"). A batch write always checks. What changes within the
+    window (a topic deleted, a right revoked, a smaller ``max.message.bytes``) fails the tasks instead, with the
+    brokers' own error, and the next check after the window says it before any task runs."""
+
+    REUSE_S = 60.0
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[tuple[tuple[str, str], ...], str], tuple[float, WriterArgs]] = {}
+
+    def get(self, source: RecoverableKafkaDataSource, schema: StructType) -> WriterArgs:
+        key = (tuple(sorted((str(k).lower(), str(v)) for k, v in source.options.items())), schema.json())
+        now = time.monotonic()
+        found = self._answers.get(key)
+        if found is not None and now - found[0] < self.REUSE_S:
+            log.debug("reusing the driver's checks of %.1f s ago", now - found[0])
+            return found[1]
+        args = source._writer_args(schema)
+        self._answers = {k: v for k, v in self._answers.items() if now - v[0] < self.REUSE_S}
+        self._answers[key] = (now, args)
+        return args
+
+
+_RECENT = RecentChecks()
 
 
 class RecoverableKafkaDataSource(DataSource):
@@ -61,6 +95,7 @@ class RecoverableKafkaDataSource(DataSource):
 
     def _writer_args(self, schema: StructType) -> WriterArgs:
         """Options, schema plan and cluster id, all checked on the driver before any task runs."""
+        started = time.monotonic()
         options = parse_options(self.options)
         encoded = frozenset(r.field for r in options.registry)
         plan = frame_with_registry(options, plan_schema(schema, options.topic, encoded), schema)
@@ -70,6 +105,8 @@ class RecoverableKafkaDataSource(DataSource):
         options = check_dead_letter_topic(options)
         if options.exactly_once:
             check_transactions(options)
+        log.debug("the driver's checks took %.1f ms (planning worker %d)", (time.monotonic() - started) * 1000,
+                  os.getpid())
         return WriterArgs(options, plan, cluster_id)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -85,4 +122,4 @@ class RecoverableKafkaDataSource(DataSource):
         # overwrite is set for outputMode("complete"): like format("kafka"), every trigger then appends the whole
         # result table to the topic; there is nothing to truncate in Kafka.
         with sentence_first():
-            return RecoverableKafkaStreamWriter(*self._writer_args(schema))
+            return RecoverableKafkaStreamWriter(*_RECENT.get(self, schema))

@@ -1,6 +1,7 @@
 """A write to a topic that does not exist behaves as Spark's format("kafka") on the same brokers: created with the
 brokers' defaults where they auto-create topics, in both delivery modes and for a topic column; refused on the driver,
-naming the topic, where they do not, or where topic.mustExist=true asks for the strict check."""
+naming the topic, where they do not, or where topic.mustExist=true asks for the strict check; a stream's writers
+reuse the driver's answers for a while."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from confluent_kafka.admin import AdminClient
 from pyspark.sql import functions as F
 
 from recoverable_sink import RecoverableKafkaDataSource
+from recoverable_sink.errors import OptionError
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.spark import sink_writer
+from testing.waiting import wait_until
 
 ROWS = 3000
 
@@ -26,6 +29,10 @@ def _frame(spark, topic_column: str | None = None):
     df = spark.range(ROWS, numPartitions=3).select(F.col("id").cast("string").alias("key"),
                                                    F.lit("v").alias("value"))
     return df.withColumn("topic", F.lit(topic_column)) if topic_column else df
+
+
+def _topics(cluster) -> set[str]:
+    return set(AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(timeout=10).topics)
 
 
 def _partitions(cluster, topic) -> int:
@@ -64,3 +71,30 @@ def test_brokers_that_do_not_auto_create_topics_get_the_clear_error(spark, kafka
     topic = f"absent-{uuid.uuid4().hex[:8]}"
     with pytest.raises(Exception, match=r"the brokers do not auto-create topics \(auto.create.topics.enable=false\)"):
         sink_writer(_frame(spark), kafka.bootstrap_servers, topic, tmp_path / "wal").save()
+
+
+def test_a_streams_writers_reuse_the_drivers_checks_within_their_window_and_a_batch_write_always_checks(
+        kafka, new_topic, monkeypatch):
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from recoverable_sink.driver import source
+
+    monkeypatch.setattr(source, "_RECENT", source.RecentChecks())  # no answer left by another test
+    schema = StructType([StructField("value", BinaryType())])
+    topic = new_topic()
+    options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic}
+    ds = source.RecoverableKafkaDataSource(options)
+    ds.streamWriter(schema, False)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})  # held until its answer came
+    admin.delete_topics([topic])[topic].result(timeout=30)
+    wait_until(lambda: topic not in _topics(kafka), 30, f"topic {topic} deleted")
+    # Within the window a stream's next writer (the next micro-batch, or its commit) is made from the answers above.
+    assert ds.streamWriter(schema, False).options.topic == topic
+    # A batch write, other options, or the window past: checked again, and the missing topic said on the driver.
+    with pytest.raises(OptionError, match=topic):
+        ds.writer(schema, False)
+    with pytest.raises(OptionError, match=topic):
+        source.RecoverableKafkaDataSource({**options, "kafka.linger.ms": "7"}).streamWriter(schema, False)
+    monkeypatch.setattr(source.RecentChecks, "REUSE_S", 0.0)
+    with pytest.raises(OptionError, match=topic):
+        ds.streamWriter(schema, False)
