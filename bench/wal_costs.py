@@ -10,6 +10,9 @@ so nothing is sent and the network and the broker cost nothing).
 
 It answers how far the WAL can get from the send path on CPU alone: with the WAL on, a task does the first
 two stages as well as the last two, on threads of their own, but on the same cores.
+
+A second table gives the WAL's two parts in the calling thread's CPU (user and kernel, the fsyncs included), per
+record, in segments as the writer cuts them (about 8 MiB): the digests and the LMDB append.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from confluent_kafka import Producer
 
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.executor.normalise import normalise
+from recoverable_sink.executor.writer import SEGMENT_MAX_BYTES
 from recoverable_sink.identity import record_digests
 from recoverable_sink.producer.arguments import to_records
 from recoverable_sink.producer.confluent import ConfluentProducer
@@ -101,6 +105,40 @@ def _costs(wal: Wal, producer: ConfluentProducer, native: NativeProducer | None,
         wal.purge([key])
 
 
+def _median_cpu_ms(step: Callable[[], object]) -> float:
+    step()  # warm-up
+    runs = []
+    for _ in range(REPS):
+        started = time.thread_time()
+        step()
+        runs.append(time.thread_time() - started)
+    return statistics.median(runs) * 1000
+
+
+def _cpu_split(directory: str, value_bytes: int) -> dict[str, float]:
+    """µs of the thread's CPU per record, digests and LMDB append, for one segment."""
+    batch = _batch(value_bytes)
+    if batch.nbytes > SEGMENT_MAX_BYTES:
+        batch = batch.slice(0, batch.num_rows * SEGMENT_MAX_BYTES // batch.nbytes)
+    digests = record_digests(batch, "t", "cluster")
+    wal = open_wal(os.path.join(directory, f"split-{value_bytes}"))
+    key = wal.begin_attempt("bench", 0, 0, {})
+    position = 0
+
+    def append() -> None:
+        nonlocal position
+        acks = {position - batch.num_rows: bytearray(b"\1" * batch.num_rows)} if position else {}
+        wal.append(key, position, batch, digests, 1 << 40, acks)
+        position += batch.num_rows
+
+    try:
+        per = 1000 / batch.num_rows
+        return {"digests": _median_cpu_ms(lambda: record_digests(batch, "t", "cluster")) * per,
+                "append": _median_cpu_ms(append) * per}
+    finally:
+        wal.purge([key])
+
+
 def main() -> int:
     directory = tempfile.mkdtemp(prefix="wal-costs-")
     # Nothing listens on port 1: produce() only enqueues. A queue large enough for a batch.
@@ -122,6 +160,11 @@ def main() -> int:
                      for k in ("digests", "append", "lists", "calls", "native")]
             shape = f"{value_bytes} B" + (" + headers" if headers else "")
             sys.stdout.write(f"| {shape} | {' | '.join(cells)} | {wal_ms / (wal_ms + cost['native']):.0%} |\n")
+        sys.stdout.write("\nthe WAL in the thread's CPU, µs per record, one segment of about 8 MiB at most, median of "
+                         f"{REPS}\n| value | digests | LMDB append |\n|---:|---:|---:|\n")
+        for value_bytes in (100, 1024, 10240):
+            split = _cpu_split(directory, value_bytes)
+            sys.stdout.write(f"| {value_bytes} B | {split['digests']:.2f} | {split['append']:.2f} |\n")
     finally:
         producer.purge()
         if native is not None:
