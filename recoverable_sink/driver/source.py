@@ -105,7 +105,7 @@ class RecoverableKafkaDataSource(DataSource):
         options = check_dead_letter_topic(options)
         if options.exactly_once:
             check_transactions(options)
-        log.debug("the driver's checks took %.1f ms (planning worker %d)", (time.monotonic() - started) * 1000,
+        log.debug("the driver's checks took %.1f ms (Python worker %d)", (time.monotonic() - started) * 1000,
                   os.getpid())
         return WriterArgs(options, plan, cluster_id)
 
