@@ -55,14 +55,31 @@ def _batch(value_bytes: int, headers: bool = False) -> pa.RecordBatch:
     return normalise(pa.RecordBatch.from_pydict({**columns, "headers": lists}), PLAN_HEADERS)
 
 
-def _median_ms(step: Callable[[], object]) -> float:
+def _median_ms(step: Callable[[], object], clock: Callable[[], float] = time.perf_counter) -> float:
+    """The median of ``step``'s REPS runs after a warm-up, in ms of ``clock`` (wall time, or ``time.thread_time``)."""
     step()  # warm-up
     runs = []
     for _ in range(REPS):
-        started = time.perf_counter()
+        started = clock()
         step()
-        runs.append(time.perf_counter() - started)
+        runs.append(clock() - started)
     return statistics.median(runs) * 1000
+
+
+def _appends(wal: Wal, key: str, batch: pa.RecordBatch, digests: bytes) -> Callable[[], None]:
+    """A step that appends ``batch`` as the attempt's next segment."""
+    position = 0
+
+    def append() -> None:
+        nonlocal position
+        # As in a task: the segment before is acknowledged by now, so this commit compacts it and LMDB reuses
+        # its pages (a log that only grows would time the file's growth instead).
+        rows = batch.num_rows
+        acks = {position - rows: bytearray(b"\1" * rows)} if position else {}
+        wal.append(key, position, batch, digests, 1 << 40, acks)
+        position += rows
+
+    return append
 
 
 def _costs(wal: Wal, producer: ConfluentProducer, native: NativeProducer | None, value_bytes: int,
@@ -71,15 +88,7 @@ def _costs(wal: Wal, producer: ConfluentProducer, native: NativeProducer | None,
     batch = _batch(value_bytes, headers)
     digests = record_digests(batch, "t", "cluster")
     key = wal.begin_attempt("bench", 0, 0, {})
-    position = 0
-
-    def append() -> None:
-        nonlocal position
-        # As in a task: the segment before is acknowledged by now, so this commit compacts it and LMDB reuses
-        # its pages (a log that only grows would time the file's growth instead).
-        acks = {position - ROWS: bytearray(b"\1" * ROWS)} if position else {}
-        wal.append(key, position, batch, digests, 1 << 40, acks)
-        position += ROWS
+    append = _appends(wal, key, batch, digests)
 
     def send() -> None:
         producer.send(batch, "t", 1, None)  # the lists and the calls
@@ -105,16 +114,6 @@ def _costs(wal: Wal, producer: ConfluentProducer, native: NativeProducer | None,
         wal.purge([key])
 
 
-def _median_cpu_ms(step: Callable[[], object]) -> float:
-    step()  # warm-up
-    runs = []
-    for _ in range(REPS):
-        started = time.thread_time()
-        step()
-        runs.append(time.thread_time() - started)
-    return statistics.median(runs) * 1000
-
-
 def _cpu_split(directory: str, value_bytes: int) -> dict[str, float]:
     """µs of the thread's CPU per record, digests and LMDB append, for one segment."""
     batch = _batch(value_bytes)
@@ -123,18 +122,10 @@ def _cpu_split(directory: str, value_bytes: int) -> dict[str, float]:
     digests = record_digests(batch, "t", "cluster")
     wal = open_wal(os.path.join(directory, f"split-{value_bytes}"))
     key = wal.begin_attempt("bench", 0, 0, {})
-    position = 0
-
-    def append() -> None:
-        nonlocal position
-        acks = {position - batch.num_rows: bytearray(b"\1" * batch.num_rows)} if position else {}
-        wal.append(key, position, batch, digests, 1 << 40, acks)
-        position += batch.num_rows
-
     try:
         per = 1000 / batch.num_rows
-        return {"digests": _median_cpu_ms(lambda: record_digests(batch, "t", "cluster")) * per,
-                "append": _median_cpu_ms(append) * per}
+        return {"digests": _median_ms(lambda: record_digests(batch, "t", "cluster"), time.thread_time) * per,
+                "append": _median_ms(_appends(wal, key, batch, digests), time.thread_time) * per}
     finally:
         wal.purge([key])
 
