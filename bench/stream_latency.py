@@ -68,7 +68,7 @@ def run_case(spark: Any, bootstrap: str, topic: str, name: str, options: dict[st
     rows = (spark.readStream.format("rate").option("rowsPerSecond", RATE).option("numPartitions", PARTITIONS).load()
             .select(F.col("value").cast("string").alias("key"),
                     (F.unix_micros(F.col("timestamp")) / 1000).cast("long").cast("string").alias("value")))
-    reader = _Reader(bootstrap, topic)
+    reader = _Reader(bootstrap, topic)  # in every case, python_noop's too: each has the same consumer beside it
     reader.start()
     checkpoint = f"{work}/checkpoint-{uuid.uuid4().hex}"
     if name == "python_noop":
