@@ -18,7 +18,7 @@ from recoverable_sink._logging import get_logger
 from recoverable_sink.deadlines import within
 from recoverable_sink.errors import OptionError, transaction_problem
 from recoverable_sink.options import DEFAULT_BATCH_SIZE, DeadLetterTopic, SinkOptions, client_config, short_lived
-from recoverable_sink.producer.topics import create_as_brokers_would
+from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
 
 log = get_logger("preflight")
 
@@ -286,9 +286,6 @@ def fit_topic_limit(options: SinkOptions, questions: TopicQuestions | None = Non
     return replace(options, producer_items=items, topic_max_message_bytes=limit)
 
 
-_UNKNOWN_TOPIC = (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
-
-
 def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
     """With errors.tolerance=all: the dead-letter topic exists (made as the brokers would auto-create it, unless
     topic.mustExist), and its ``max.message.bytes`` is read, so that a task refuses a dead letter too large for it
@@ -310,7 +307,7 @@ def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
             return replace(options, errors=DeadLetterTopic(dead.topic, limit))
         except (KafkaException, ValueError, TimeoutError) as exc:
             err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-            if not (isinstance(err, KafkaError) and err.code() in _UNKNOWN_TOPIC):
+            if not says_missing(err):
                 # Not an answer that the topic is missing (no right to describe it, no answer in time): as for the
                 # topic option's limit, the brokers still enforce it, and a dead letter they refuse fails its task.
                 log.info("could not read dead-letter topic %s's max.message.bytes (%s); the brokers still enforce "

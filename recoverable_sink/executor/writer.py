@@ -29,7 +29,6 @@ from enum import Enum
 from typing import TypeVar
 
 import pyarrow as pa
-from confluent_kafka import KafkaError
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
@@ -65,7 +64,7 @@ from recoverable_sink.options import DeadLetterTopic, SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.pool import producers
 from recoverable_sink.producer.protocol import SinkProducer
-from recoverable_sink.producer.topics import create_as_brokers_would
+from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
 
 log = get_logger("writer")
 
@@ -110,7 +109,7 @@ class _Partitions:
         if topic not in self.counts:
             count, err = self.producer.partition_count(topic, 30)
             if err is not None:
-                if err.code() not in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC):
+                if not says_missing(err):
                     # Not an answer that the topic is missing (a time-out, no authorisation): the task fails.
                     raise RecordError(f"topic {topic}'s metadata could not be read ({err.str()}): check the brokers "
                                       "and that this principal may DESCRIBE and WRITE the topic")

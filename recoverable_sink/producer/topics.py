@@ -12,6 +12,7 @@ for users who want a misspelt topic caught.
 from __future__ import annotations
 
 import time
+from typing import TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
@@ -21,6 +22,12 @@ from recoverable_sink.deadlines import MARGIN_S
 from recoverable_sink.options import SinkOptions, client_config
 
 log = get_logger("topics")
+
+
+def says_missing(err: object) -> TypeGuard[KafkaError]:
+    """Whether a client's error is the cluster's answer that a topic does not exist (not a time-out, not a refusal
+    to describe it): only that answer lets the sink create the topic, or route its records as dead letters."""
+    return isinstance(err, KafkaError) and err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC)
 
 
 def create_as_brokers_would(options: SinkOptions, topic: str, timeout_s: float) -> str | None:
