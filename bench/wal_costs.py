@@ -30,7 +30,7 @@ from confluent_kafka import Producer
 
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.executor.normalise import normalise
-from recoverable_sink.executor.writer import SEGMENT_MAX_BYTES
+from recoverable_sink.executor.partition_writer import SEGMENT_MAX_BYTES
 from recoverable_sink.identity import record_digests
 from recoverable_sink.producer.arguments import to_records
 from recoverable_sink.producer.confluent import ConfluentProducer

@@ -1,5 +1,5 @@
 """The WAL side of one task attempt (executor): its entry in the host's WAL, the stores and acknowledgement saves
-queued on the process's WAL thread, and what earlier attempts of the same partition left there.
+queued on the process's WAL thread, and what the write's earlier attempts left there.
 
 :class:`AttemptLog` is the WAL on; :class:`NoLog` (``wal.enabled=false``) keeps nothing. Both are a
 :class:`LogOfAttempt`, the type the writers hold, so they never ask which one it is.
@@ -16,19 +16,11 @@ import pyarrow as pa
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import WalError
-from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
-from recoverable_sink.executor.resume_plan import Prior, TaskAttempt
-from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests
+from recoverable_sink.executor import retention
+from recoverable_sink.executor.resume_plan import Finish
+from recoverable_sink.identity import Fingerprint, record_digests
 from recoverable_sink.options import SinkOptions
-from recoverable_sink.wal import (
-    DONE,
-    LOGGED,
-    AttemptInfo,
-    Wal,
-    open_wal,
-    release_generated_proof,
-    sweep_now_and_then,
-)
+from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal
 
 log = get_logger("attempt_log")
 
@@ -46,23 +38,22 @@ def helper_thread(name: str) -> ThreadPoolExecutor:
 
 
 class LogOfAttempt(Protocol):
-    """What a writer holds of its attempt's log: :class:`AttemptLog`, or :class:`NoLog` with the WAL off. ``key``
-    is the attempt's path once begun (None before, and always without a WAL); ``priors`` the earlier attempts of
-    the partition found there."""
+    """What a writer holds of its attempt's log: :class:`AttemptLog`, or :class:`NoLog` with the WAL off. ``key`` is
+    the attempt's path once begun (None before, and always without a WAL); ``seq`` the order it began in here;
+    ``wal`` the host's WAL (None without one), where earlier attempts' proof is read."""
 
     path: str | None
     key: str | None
     seq: int | None
-    priors: list[AttemptInfo]
+    wal: Wal | None
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None: ...
 
-    def write_priors(self, task: TaskAttempt) -> tuple[Prior, ...]: ...
+    def write_attempts(self) -> list[AttemptInfo]: ...
 
-    def proof(self, priors: tuple[Prior, ...], all_acknowledged: bool = False) -> DeliveredSet: ...
+    def record_count(self, key: str) -> int: ...
 
-    def claims(self, ident: TaskIdentity, priors: tuple[Prior, ...],
-               all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns: ...
+    def latest_micro_batch(self, query_id: str) -> int | None: ...
 
     def end(self) -> None: ...
 
@@ -79,34 +70,31 @@ class LogOfAttempt(Protocol):
 
     def mark_logged(self, acks: Acks) -> None: ...
 
-    def finish(self, superseded: list[str], dropped: list[str] | None = None) -> None: ...
+    def apply(self, finish: Finish) -> None: ...
 
-    def purge(self, keys: list[str]) -> None: ...
-
-    def committed(self, keys: list[str]) -> None: ...
+    def publish(self) -> None: ...
 
 
 class NoLog:
-    """``wal.enabled=false``: nothing is logged, no earlier attempt is known, nothing is proven."""
+    """``wal.enabled=false``: nothing is logged, no earlier attempt is known here, nothing is proven here."""
 
     path: str | None = None
     key: str | None = None
     seq: int | None = None
-    priors: list[AttemptInfo] = []
+    wal: Wal | None = None
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
         """Nothing to begin."""
 
-    def write_priors(self, task: TaskAttempt) -> tuple[Prior, ...]:
+    def write_attempts(self) -> list[AttemptInfo]:
         """No log: no earlier attempt is known."""
-        return ()
+        return []
 
-    def proof(self, priors: tuple[Prior, ...], all_acknowledged: bool = False) -> DeliveredSet:
-        return DeliveredSet()
+    def record_count(self, key: str) -> int:
+        return 0
 
-    def claims(self, ident: TaskIdentity, priors: tuple[Prior, ...],
-               all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
-        return NoEarlierRuns()
+    def latest_micro_batch(self, query_id: str) -> int | None:
+        return None
 
     def end(self) -> None:
         """Nothing to end."""
@@ -130,30 +118,27 @@ class NoLog:
     def mark_logged(self, acks: Acks) -> None:
         """Nothing to mark."""
 
-    def finish(self, superseded: list[str], dropped: list[str] | None = None) -> None:
+    def apply(self, finish: Finish) -> None:
         """Nothing to keep as proof."""
 
-    def purge(self, keys: list[str]) -> None:
-        """Nothing to purge."""
-
-    def committed(self, keys: list[str]) -> None:
-        """Nothing to mark."""
+    def publish(self) -> None:
+        """Nothing to note."""
 
 
 class AttemptLog:
-    """One attempt's entry in the host's WAL. :meth:`open` sweeps expired entries and reads the earlier attempts
-    of the partition; :meth:`begin` opens this attempt's entry (an exactly_once attempt whose partition an
-    earlier transaction already holds never does).
+    """One attempt's entry in the host's WAL. :meth:`open` runs the retention rules a starting task runs
+    (:mod:`recoverable_sink.executor.retention`); :meth:`begin` opens this attempt's entry.
 
     Writes go to the process's one WAL thread in order: a batch's store, then the acknowledgement saves queued
     after it, so a segment's bitmap is never written before the segment, nor an older bitmap after a newer one.
     Once a write failed no later batch enters the log, and the bitmaps it carried are kept for :meth:`settle`."""
 
-    def __init__(self, wal: Wal, options: SinkOptions, priors: list[AttemptInfo]) -> None:
-        self.wal = wal
+    def __init__(self, wal: Wal, options: SinkOptions, ident: TaskIdentity) -> None:
+        self.wal: Wal | None = wal
+        self._wal = wal
         self.path: str | None = wal.path
         self.options = options
-        self.priors = priors
+        self.ident = ident
         self.key: str | None = None
         self.seq: int | None = None  # the order this attempt began in on the host, once begun
         self._last_store: Future[int] | None = None
@@ -167,56 +152,49 @@ class AttemptLog:
     @classmethod
     def open(cls, options: SinkOptions, ident: TaskIdentity) -> AttemptLog:
         wal = open_wal(options.resolved_wal_path())
-        sweep_now_and_then(wal, options.retention_seconds, options.proof_max_bytes)
-        release_generated_proof(wal, options.proof_grace_seconds)
-        return cls(wal, options, wal.prior_attempts(ident.write_id, ident.partition))
+        stream = (ident.query_id, ident.batch_id) if ident.kind == "stream" and ident.query_id is not None \
+            and ident.batch_id is not None else None
+        retention.as_task_starts(wal, options.retention_seconds, options.proof_max_bytes, stream)
+        return cls(wal, options, ident)
 
     def begin(self, ident: TaskIdentity, meta: dict[str, object]) -> None:
-        self.key = self.wal.begin_attempt(ident.write_id, ident.partition, ident.attempt,
-                                          {**ident.wal_fields(), **meta})
+        self.key = self._wal.begin_attempt(ident.write_id, ident.partition, ident.attempt,
+                                           {**ident.wal_fields(), **meta})
 
-    def write_priors(self, task: TaskAttempt) -> tuple[Prior, ...]:
-        """The write's attempts in this WAL, any partition, this one's excepted (also kept as :attr:`priors`, its
-        partition's), for the resume plan; with their record counts, which tell whether the digests here account
-        for what a marker says its transactions hold. An attempt whose own entry is gone (a release purged it
-        while it ran) fails before sending anything."""
-        found = self.wal.attempts(f"{task.write_id}/")
+    def write_attempts(self) -> list[AttemptInfo]:
+        """The write's attempts in this WAL, any partition, this one included. An attempt whose own entry is gone (a
+        release purged it while it ran) fails before sending anything."""
+        found = self._wal.attempts(f"{self.ident.write_id}/")
         own = next((a for a in found if a.key == self.key), None)
         if own is not None:
             self.seq = own.seq
         if self.key is not None and own is None:
             raise WalError(f"WAL {self.path}: attempt {self.key} is no longer in the log (purged while it ran?); "
                            "this attempt stops before sending anything, and its retry starts afresh")
-        others = [a for a in found if a.key != self.key]
-        self.priors = [a for a in others if a.partition == task.partition]
-        return tuple(Prior.of(a, self.wal.record_count(a.key) if a.partition == task.partition else 0)
-                     for a in others)
+        return found
 
-    def proof(self, priors: tuple[Prior, ...], all_acknowledged: bool = False) -> DeliveredSet:
-        """The digests of what Kafka acknowledged to ``priors`` (every record they logged, with
-        ``all_acknowledged``: attempts whose transactions committed)."""
-        return self.wal.delivered([p.key for p in priors], all_acknowledged)
+    def record_count(self, key: str) -> int:
+        return self._wal.record_count(key)
 
-    def claims(self, ident: TaskIdentity, priors: tuple[Prior, ...],
-               all_acknowledged: bool) -> EarlierRuns | NoEarlierRuns:
-        """What ``priors`` (of other runs) delivered, for this attempt to take from under its run's claims."""
-        if not priors:
-            return NoEarlierRuns()
-        return EarlierRuns(self.wal, ident, self.wal.delivered([p.key for p in priors], all_acknowledged))
+    def latest_micro_batch(self, query_id: str) -> int | None:
+        batches = [a.batch_id for a in self._wal.attempts(f"{query_id}-b")
+                   if a.query_id == query_id and a.batch_id is not None and a.key != self.key]
+        return max(batches, default=None)
 
     def end(self) -> None:
         """After a failure, behind the acknowledgement saves still queued: no retry need wait for this attempt."""
         if self.key is not None:
-            helper_thread("wal").submit(self.wal.end_attempt, self.key).result()
+            key = self.key
+            helper_thread("wal").submit(self._wal.end_attempt, key).result()
 
     def drop(self) -> None:
         """Remove this attempt's entry before anything was logged under it (a start that failed once begun)."""
         if self.key is not None:
             try:
-                self.wal.purge([self.key])
+                self._wal.purge([self.key])
             except Exception:  # noqa: BLE001 - at least no retry is to wait for it
                 with suppress(Exception):
-                    self.wal.end_attempt(self.key)
+                    self._wal.end_attempt(self.key)
             self.key = None
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
@@ -226,7 +204,7 @@ class AttemptLog:
         the WAL thread may still be storing the batch before (both mostly without the GIL), and added to
         ``fingerprint`` there."""
         assert self.key is not None
-        wal, key, max_bytes = self.wal, self.key, self.options.wal_max_bytes
+        wal, key, max_bytes = self._wal, self.key, self.options.wal_max_bytes
         hashed = helper_thread("hash").submit(record_digests, batch, topic_option, cluster_id) \
             if digests is None else None
 
@@ -254,7 +232,7 @@ class AttemptLog:
         if self.key is None:
             return
         if acks:
-            wal, key = self.wal, self.key
+            wal, key = self._wal, self.key
 
             def save() -> None:
                 try:
@@ -297,26 +275,29 @@ class AttemptLog:
             if self._last_store is not None:
                 self._last_store.result()
             self.wait()
-            self.wal.set_state(self.key, LOGGED, acks)
+            self._wal.set_state(self.key, LOGGED, acks)
         except BaseException:
             self._unsaved.append(acks)
             raise
 
-    def finish(self, superseded: list[str], dropped: list[str] | None = None) -> None:
-        """Kafka acknowledged everything: keep only digests as proof (see :meth:`Wal.finish`)."""
-        if self.key is not None:
-            self.wal.finish(self.key, superseded, dropped=dropped)
-
-    def purge(self, keys: list[str]) -> None:
-        if keys:
-            self.wal.purge(keys)
-
-    def committed(self, keys: list[str]) -> None:
-        """exactly_once: a marker names these attempts, so their transactions committed: mark them done (one killed
-        between its commit and its done would otherwise count as aborted once the brokers expire the marker)."""
-        for key in keys:
+    def apply(self, finish: Finish) -> None:
+        """At the attempt's commit: what becomes of it and of the other attempts of its partition here
+        (:func:`~recoverable_sink.executor.resume_plan.finishing`)."""
+        if self.key is None:
+            return
+        if finish.purge_own:
+            self._wal.purge([self.key, *finish.dropped])
+        else:
+            self._wal.finish(self.key, list(finish.superseded), dropped=list(finish.dropped))
+        for key in finish.committed:  # a marker names them: their transactions committed
             with suppress(WalError):  # purged meanwhile: nothing left to mark
-                self.wal.set_state(key, DONE)
+                self._wal.set_state(key, DONE)
+
+    def publish(self) -> None:
+        """The proof topic holds this attempt's whole proof of delivery: the WAL's copy may go (see retention)."""
+        if self.key is not None:
+            with suppress(WalError):
+                self._wal.set_published(self.key)
 
 
 def open_log(options: SinkOptions, ident: TaskIdentity) -> LogOfAttempt:

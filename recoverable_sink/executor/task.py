@@ -1,9 +1,8 @@
-"""One Spark task's write (executor): the writer for the partition's delivery guarantee, driven over the task's
-input, committed only if the input ended as Spark ends a finished partition.
+"""One Spark task's write (executor): the partition writer with the delivery mode of the write's guarantee, driven
+over the task's input, committed only if the input ended as Spark ends a finished partition.
 
-Shared by the batch and the streaming writer; only the identity differs (write id vs query/batch id). The
-protocol itself is in :mod:`recoverable_sink.executor.writer` (at_least_once) and
-:mod:`recoverable_sink.executor.exactly_once_writer`.
+Shared by the batch and the streaming writer; only the identity differs (write id vs query/batch id). The protocol
+itself is in :mod:`recoverable_sink.executor.partition_writer`, the modes in :mod:`recoverable_sink.executor.delivery`.
 """
 
 from __future__ import annotations
@@ -15,28 +14,35 @@ import pyarrow as pa
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
-from recoverable_sink.executor.exactly_once_writer import ExactlyOnceWriter
-from recoverable_sink.executor.rerun import settle_micro_batches
+from recoverable_sink.executor.attempt_log import LogOfAttempt, open_log
+from recoverable_sink.executor.delivery import AtLeastOnce, DeliveryMode, Transactional, TransactionClient
+from recoverable_sink.executor.evidence import RemoteProof
+from recoverable_sink.executor.partition_writer import Clock, PartitionWriter, final_wait_s
+from recoverable_sink.executor.proof import RemoteSegments
 from recoverable_sink.executor.spark_input import InputEnd
-from recoverable_sink.executor.writer import AtLeastOnceWriter
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.producer.protocol import SinkProducer
-from recoverable_sink.wal import open_wal
 
-__all__ = ["AtLeastOnceWriter", "ExactlyOnceWriter", "open_writer", "write_partition"]
+__all__ = ["PartitionWriter", "mode_for", "open_writer", "write_partition"]
+
+
+def mode_for(options: SinkOptions, ident: TaskIdentity, producer: SinkProducer | None = None,
+             transaction: TransactionClient | None = None) -> DeliveryMode:
+    """The delivery mode of ``options.guarantee``. ``producer`` replaces the pooled one (at_least_once), and
+    ``transaction`` the partition's transaction (exactly_once): a test's or the model's scripted ones."""
+    if options.exactly_once:
+        return Transactional(options, ident, final_wait_s(options), transaction)
+    return AtLeastOnce(options, producer)
 
 
 def open_writer(options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
-                producer: SinkProducer | None = None) -> AtLeastOnceWriter:
-    """A started writer for ``options.guarantee``. ``producer`` replaces the pooled one (at_least_once only: an
-    exactly_once attempt always makes its own transactional producer). A micro-batch's task first settles the
-    query's logs on this host: a zombie's stands down before any producer fences the query's current one, and
-    the logs of committed micro-batches go."""
-    if options.wal_enabled and ident.kind == "stream":
-        settle_micro_batches(open_wal(options.resolved_wal_path()), ident)
-    if options.exactly_once:
-        return ExactlyOnceWriter(options, plan, ident, cluster_id).start()
-    return AtLeastOnceWriter(options, plan, ident, cluster_id, producer).start()
+                producer: SinkProducer | None = None, *, transaction: TransactionClient | None = None,
+                log: LogOfAttempt | None = None, remote: RemoteProof | None = None,
+                segments: RemoteSegments | None = None, clock: Clock | None = None) -> PartitionWriter:
+    """A started writer for ``options.guarantee`` (see :func:`mode_for`); ``log``, ``remote``, ``segments`` and
+    ``clock`` replace the host's WAL, the proof topic and time for a test or the model."""
+    return PartitionWriter(options, plan, ident, cluster_id, mode_for(options, ident, producer, transaction),
+                           log if log is not None else open_log(options, ident), remote, segments, clock).start()
 
 
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,

@@ -3,8 +3,9 @@ of the executors on a host (LMDB serialises their write transactions across proc
 
 This package re-exports what the sink, the CLI and the tests use; its modules each have one job:
 :mod:`.format` the bytes and key layout, :mod:`.attempt` the attempt record and the rules read from it,
-:mod:`.env` the LMDB environments, :mod:`.store` an attempt's reads and writes (:class:`Wal`),
-:mod:`.retention` which logs may go. Imports go one way: retention -> store -> attempt, format, env.
+:mod:`.env` the LMDB environments, :mod:`.store` an attempt's reads and writes (:class:`Wal`). Which logs may go is
+the executor's decision (:func:`recoverable_sink.executor.resume_plan.release`). Imports go one way: store -> attempt,
+format, env.
 """
 
 from __future__ import annotations
@@ -12,13 +13,6 @@ from __future__ import annotations
 from recoverable_sink.wal.attempt import DONE, LOGGED, OPEN, AttemptInfo, AttemptState, Owner, decode_attempt
 from recoverable_sink.wal.env import close_wal, close_wals, map_size
 from recoverable_sink.wal.format import Segment
-from recoverable_sink.wal.retention import (
-    SweepResult,
-    release_committed_batches,
-    release_generated_proof,
-    sweep,
-    sweep_now_and_then,
-)
 from recoverable_sink.wal.store import Wal, WalStats, open_wal
 
 __all__ = [
@@ -29,7 +23,6 @@ __all__ = [
     "AttemptState",
     "Owner",
     "Segment",
-    "SweepResult",
     "Wal",
     "WalStats",
     "close_wal",
@@ -37,8 +30,4 @@ __all__ = [
     "decode_attempt",
     "map_size",
     "open_wal",
-    "release_committed_batches",
-    "release_generated_proof",
-    "sweep",
-    "sweep_now_and_then",
 ]

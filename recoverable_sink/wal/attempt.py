@@ -129,6 +129,9 @@ class AttemptInfo:
     generated: bool = False  # the write id was generated (never re-run), not given as wal.writeId
     seq: int | None = None  # the order attempts began in on this host (LMDB's serialised begins; None: before)
     trimmed: bool = False  # its proof of delivery (digests) was removed to keep wal.proofMaxBytes; the record stays
+    # The proof topic holds its whole proof of delivery (exactly_once: committed with it; at_least_once: its last
+    # checkpoint, after everything it logged was acknowledged or it stopped): the WAL's copy is then a cache.
+    published: bool = False
     extra: dict[str, object] = field(default_factory=dict, hash=False)  # keys this version does not know
 
     @classmethod
@@ -156,6 +159,8 @@ class AttemptInfo:
             meta["generated"] = True
         if self.trimmed:
             meta["trimmed"] = True
+        if self.published:
+            meta["published"] = True
         return json.dumps(meta).encode()
 
     # ---- changes ----------------------------------------------------------------------------------------
@@ -171,6 +176,10 @@ class AttemptInfo:
     def with_proof_trimmed(self) -> AttemptInfo:
         """This record once its digests are gone (:meth:`Wal.trim_proof`): it still says what the attempt was."""
         return replace(self, trimmed=True)
+
+    def with_published(self) -> AttemptInfo:
+        """This record once the proof topic holds its whole proof of delivery."""
+        return replace(self, published=True)
 
     # ---- the rules read from it -------------------------------------------------------------------------
     @property
@@ -238,7 +247,7 @@ def _from_json(key: str, meta: Mapping[str, object]) -> AttemptInfo:
     rest = {k: v for k, v in meta.items() if k != "v"}
     owner = rest.pop("owner", None)
     state = rest.pop("state", None)
-    known = {"write_id", "partition", "attempt", "host", "created", "generated", "trimmed", *_OPTIONAL}
+    known = {"write_id", "partition", "attempt", "host", "created", "generated", "trimmed", "published", *_OPTIONAL}
     return AttemptInfo(
         key=key, write_id=_typed(rest, "write_id", str), partition=_typed(rest, "partition", int),
         attempt=_typed(rest, "attempt", int), host=_typed(rest, "host", str), created=_time(rest, "created"),
@@ -251,6 +260,7 @@ def _from_json(key: str, meta: Mapping[str, object]) -> AttemptInfo:
         batch_id=_optional(rest, "batch_id", int), seq=_optional(rest, "seq", int),
         generated=_optional(rest, "generated", bool) or False,
         trimmed=_optional(rest, "trimmed", bool) or False,
+        published=_optional(rest, "published", bool) or False,
         extra={k: v for k, v in rest.items() if k not in known})
 
 

@@ -78,23 +78,25 @@ class Wal(Transactions):
         task identity's WAL fields and what the writer adds (kind, topic, cluster id, guarantee), recorded in its
         :class:`AttemptInfo` with this process as its owner.
 
-        The attempt key starts with the creation time so a prefix scan lists attempts oldest first, and
-        ends with a random part so a restarted application cannot collide with an old log."""
+        The attempt key starts with the order attempts began in on this host (an LMDB sequence, no clock), so a prefix
+        scan lists them in that order, and ends with a random part so that no two hosts' keys collide."""
         created = time.time()
-        key = f"{write_id}/{partition:06d}/{time.time_ns():020d}-{attempt:03d}-{uuid.uuid4().hex[:8]}"
         owner = Owner.this_process()
+        tail = f"{attempt:03d}-{uuid.uuid4().hex[:8]}"
+        made: list[str] = []
 
-        def body(txn: lmdb.Transaction) -> None:
-            # The order attempts began in on this host, from LMDB's serialised writes rather than any clock.
+        def body(txn: lmdb.Transaction) -> None:  # run again whole if LMDB retries the transaction
             last = txn.get(SEQUENCE_KEY)
             seq = (int.from_bytes(last, "big") if last else 0) + 1
             txn.put(SEQUENCE_KEY, seq.to_bytes(8, "big"))
+            key = f"{write_id}/{partition:06d}/{seq:020d}-{tail}"
             record = AttemptInfo.begun(key, write_id, partition, attempt, {**fields, "seq": seq},
                                        host=socket.gethostname(), created=created, owner=owner)
             txn.put(meta_key(key), record.encode())
+            made[:] = [key]
 
         self._write(body)
-        return key
+        return made[0]
 
     def attempts(self, prefix: str = "") -> list[AttemptInfo]:
         """Attempts whose path starts with ``prefix`` (``"<write id>/"``, ``"<write id>/<partition>/"``)."""
@@ -147,6 +149,13 @@ class Wal(Transactions):
 
         self._write(body)
         self._forget_compacted(attempt_key, acks or {})
+
+    def set_published(self, attempt_key: str) -> None:
+        """Note that the proof topic holds this attempt's whole proof of delivery."""
+        def body(txn: lmdb.Transaction) -> None:
+            txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_published().encode())
+
+        self._write(body)
 
     def end_attempt(self, attempt_key: str) -> None:
         """Note that a failed attempt stopped sending, its acknowledgements saved: a retry waiting for it goes on."""

@@ -17,10 +17,10 @@ from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity, new_run_id
 from recoverable_sink.driver.preflight import check_cluster
 from recoverable_sink.errors import DeliveryError
+from recoverable_sink.executor.retention import sweep
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.options import parse_options
 from recoverable_sink.wal import DONE, open_wal
-from recoverable_sink.wal.retention import sweep
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import kill_group, python_subprocess
 from testing.kafka_check import consumer_groups

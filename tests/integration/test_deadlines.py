@@ -18,8 +18,8 @@ from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.deadlines import MARGIN_S
 from recoverable_sink.driver.preflight import check_cluster
 from recoverable_sink.errors import DeadlineExceededError, DeliveryError
+from recoverable_sink.executor.partition_writer import final_wait_s
 from recoverable_sink.executor.task import open_writer
-from recoverable_sink.executor.writer import final_wait_s
 from recoverable_sink.options import parse_options
 from recoverable_sink.producer.transactions import transactional_id
 from testing.chaos.checker import ids_in_topic, verdict

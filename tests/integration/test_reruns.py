@@ -15,10 +15,10 @@ from pyspark.sql import functions as F
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity, new_run_id, stream_write_id
 from recoverable_sink.errors import StaleAttemptError
+from recoverable_sink.executor.retention import sweep
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.options import parse_options
 from recoverable_sink.wal import DONE, open_wal
-from recoverable_sink.wal.retention import sweep
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.kafka_check import count_topic
 from testing.kafka_local import KafkaCluster

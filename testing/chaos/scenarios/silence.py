@@ -22,7 +22,7 @@ DELIVERY_MS = 6000
 
 def silenced_commit(lab: Lab, rng: random.Random, n: int) -> Trial:
     from recoverable_sink.deadlines import MARGIN_S
-    from recoverable_sink.executor.writer import final_wait_s
+    from recoverable_sink.executor.partition_writer import final_wait_s
     from recoverable_sink.options import parse_options
 
     cluster = GatedCluster(lab.dir("silence-brokers"), 3)

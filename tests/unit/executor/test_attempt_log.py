@@ -116,11 +116,10 @@ def test_an_attempt_whose_entry_was_purged_fails_before_sending_anything(wal_dir
     """A release may purge an attempt's entry between its begin and its look at the others: it sends nothing."""
     from recoverable_sink.errors import WalError
     from recoverable_sink.executor.attempt_log import AttemptLog
-    from recoverable_sink.executor.resume_plan import TaskAttempt
 
     opts = options(wal_dir)
     zombie = AttemptLog.open(opts, _ident(3, 0))
     zombie.begin(_ident(3, 0), {"kind": "batch"})
     open_wal(wal_dir).purge([zombie.key])
     with pytest.raises(WalError, match="no longer in the log"):
-        zombie.write_priors(TaskAttempt("w", 0, "r1", exactly_once=False, task_attempt_id=3, key=zombie.key))
+        zombie.write_attempts()

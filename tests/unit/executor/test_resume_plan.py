@@ -8,14 +8,72 @@ from recoverable_sink.wal.attempt import DONE, OPEN
 
 
 def _prior(key: str, partition: int, run: str, *, seq: int, sending: bool = True, tid: int = 0,
-           exactly_once: bool = False, state=OPEN) -> rp.Prior:
-    return rp.Prior(key=f"w/{partition:06d}/{key}", partition=partition, run=run, state=state,
-                    exactly_once=exactly_once, task_attempt_id=tid, still_sending=sending, seq=seq)
+           exactly_once: bool = False, state=OPEN, records: int = 0) -> rp.Prior:
+    return rp.Prior(name=key, key=f"w/{partition:06d}/{key}", partition=partition, run=run, state=state,
+                    exactly_once=exactly_once, task_attempt_id=tid, still_sending=sending, seq=seq,
+                    local_records=records)
 
 
 def _task(partition: int, run: str, seq: int | None, tid: int = 0, exactly_once: bool = False) -> rp.TaskAttempt:
     return rp.TaskAttempt("w", partition, run, exactly_once, task_attempt_id=tid, key=f"w/{partition:06d}/me",
                           seq=seq)
+
+
+def test_what_an_at_least_once_run_delivered_counts_for_an_exactly_once_rerun_and_the_reverse():
+    """A record Kafka holds is delivered whichever mode sent it: an at_least_once run's acknowledged records are
+    visible to read_committed readers, so an exactly_once re-run takes them (before, it repeated all of them); an
+    exactly_once run's count only once committed."""
+    failed_alo = _prior("a", 1, "run-1", seq=1, sending=False)
+    plan = rp.plan(rp.Evidence(_task(0, "run-2", seq=2, exactly_once=True), priors=(failed_alo,)))
+    assert isinstance(plan, rp.Send) and [(t.prior.key, t.all_logged) for t in plan.claim] == [(failed_alo.key, False)]
+    aborted_eo = _prior("b", 1, "run-1", seq=1, sending=False, exactly_once=True)
+    committed_eo = _prior("c", 2, "run-1", seq=1, sending=False, exactly_once=True, state=DONE)
+    plan = rp.plan(rp.Evidence(_task(0, "run-2", seq=2), priors=(aborted_eo, committed_eo)))
+    assert isinstance(plan, rp.Send) and [(t.prior.key, t.all_logged) for t in plan.claim] == [(committed_eo.key, True)]
+
+
+def test_proof_found_only_in_the_proof_topic_counts_like_proof_in_the_wal():
+    """A re-run on a host without the earlier run's WAL: the attempts the proof topic holds are taken as if here."""
+    remote = rp.Prior(name="x", partition=3, run="run-1", state=DONE, exactly_once=True, in_kafka=True,
+                      kafka_records=5)
+    plan = rp.plan(rp.Evidence(_task(0, "run-2", seq=1, exactly_once=True), priors=(remote,)))
+    assert isinstance(plan, rp.Send) and [t.prior.name for t in plan.claim] == ["x"]
+    trimmed = rp.Prior(name="y", key="w/000003/y", partition=3, run="run-1", state=DONE, exactly_once=True,
+                       trimmed=True)
+    plan = rp.plan(rp.Evidence(_task(0, "run-2", seq=1, exactly_once=True), priors=(trimmed,), wal="/w",
+                               proof_topic="p"))
+    assert isinstance(plan, rp.Refuse) and "proof topic p" in plan.reason
+
+
+def _held(key: str, write: str, *, state=DONE, seq: int, published: bool = False, holding: bool = False,
+          generated: bool = False, aged: bool = False, size: int = 10, query: str | None = None,
+          batch: int | None = None) -> rp.Held:
+    return rp.Held(key=key, write_id=write, partition=0, run="r", state=state, exactly_once=False, seq=seq,
+                   published=published, holding=holding, generated=generated, aged=aged, proof_bytes=size,
+                   query_id=query, micro_batch=batch)
+
+
+def test_no_clock_keeps_or_drops_unpublished_proof_and_published_proof_may_go_at_any_age():
+    """A host clock stepped by any amount changes nothing a reader sees: it decides only over proof the proof topic
+    holds anyway."""
+    unpublished = _held("a", "w1", seq=1, aged=True)
+    published = _held("b", "w2", seq=2, aged=True, published=True)
+    fresh = _held("c", "w3", seq=3, published=True)
+    generated = _held("d", "w4", seq=4, published=True, generated=True)
+    assert rp.release([unpublished, published, fresh, generated]).purge == ("b", "d")
+
+
+def test_over_the_budget_published_proof_goes_first_then_the_oldest_begun_and_never_a_failed_writes():
+    failed_write = [_held("a", "w1", seq=1), _held("b", "w1", seq=2, state=OPEN)]
+    done = [_held("c", "w2", seq=3), _held("d", "w3", seq=4, published=True), _held("e", "w4", seq=5)]
+    assert rp.release([*failed_write, *done], proof_max_bytes=15).trim == ("d", "c")
+    assert rp.release([*failed_write, *done], proof_max_bytes=100).trim == ()
+
+
+def test_a_micro_batch_releases_its_querys_earlier_micro_batches_whatever_their_state():
+    held = [_held("a", "q-b1", seq=1, query="q", batch=1, state=OPEN, holding=True),
+            _held("b", "q-b2", seq=2, query="q", batch=2), _held("c", "p-b1", seq=3, query="p", batch=1)]
+    assert rp.release(held, micro_batch=("q", 2)).purge == ("a",)
 
 
 def test_of_two_runs_attempts_still_sending_only_the_one_begun_later_on_the_host_waits():
@@ -37,7 +95,7 @@ def test_an_attempt_finds_a_later_task_attempt_of_its_own_run_and_stands_down_wh
 def test_another_runs_proof_counts_whichever_run_began_first():
     done = _prior("a", 3, "run-9", seq=1, sending=False, state=DONE)
     plan = rp.plan(rp.Evidence(_task(0, "run-1", seq=2), priors=(done,)))
-    assert isinstance(plan, rp.Send) and [p.key for p in plan.claim] == [done.key]
+    assert isinstance(plan, rp.Send) and [t.prior.key for t in plan.claim] == [done.key]
 
 
 def test_exactly_once_waits_for_no_other_attempt_its_transactional_id_has_fenced():
@@ -52,11 +110,11 @@ def test_a_zombie_whose_own_commit_lost_its_marker_skips_it_though_another_run_m
     marker: its own run's committed attempt still proves its rows (found by the model test)."""
     from recoverable_sink.producer.marker import Marker
 
-    own = rp.Prior(key="w/000000/a", partition=0, run="run-1", state=DONE, exactly_once=True, records=2, seq=1)
-    newer = rp.Prior(key="w/000000/b", partition=0, run="run-2", state=DONE, exactly_once=True, records=2, seq=2)
+    own = _prior("a", 0, "run-1", seq=1, sending=False, state=DONE, exactly_once=True, records=2)
+    newer = _prior("b", 0, "run-2", seq=2, sending=False, state=DONE, exactly_once=True, records=2)
     marker = Marker(write_id="w", topic="t", records=2, attempts=("b",), run="run-2", partition=0)
     plan = rp.plan(rp.Evidence(_task(0, "run-1", seq=None, tid=9, exactly_once=True), priors=(own, newer),
                                own_marker=marker))
-    assert isinstance(plan, rp.Send) and plan.all_acknowledged
-    assert [p.key for p in plan.resume] == [own.key] and [p.key for p in plan.claim] == [newer.key]
+    assert isinstance(plan, rp.Send) and all(t.all_logged for t in (*plan.resume, *plan.claim))
+    assert [t.prior.key for t in plan.resume] == [own.key] and [t.prior.key for t in plan.claim] == [newer.key]
     assert ([p.key for p in plan.holders], plan.committed_records) == ([newer.key, own.key], 4)

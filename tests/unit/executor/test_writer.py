@@ -12,7 +12,7 @@ import pytest
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError, FatalProducerError, WalFullError
-from recoverable_sink.executor import writer as writer_module
+from recoverable_sink.executor import partition_writer as writer_module
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.identity import record_digests
 from recoverable_sink.ops.replay import NotFullyLogged, replay_partition

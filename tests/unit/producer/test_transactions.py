@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError
-from recoverable_sink.executor import attempt_log, task
+from recoverable_sink.executor import partition_writer, task
 from recoverable_sink.options import parse_options
 from recoverable_sink.producer import transactions
 from recoverable_sink.producer.confluent import ConfluentProducer
@@ -92,10 +92,10 @@ def test_an_attempt_whose_init_transactions_times_out_lets_go_of_its_producer(pr
 def test_an_attempt_that_fails_after_opening_its_transaction_aborts_it(producers, monkeypatch, tmp_path) -> None:
     made = producers(init_fails=False)
 
-    def no_wal(path: str):
-        raise OSError(28, "No space left on device", path)
+    def no_room(*args: object) -> None:
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(attempt_log, "open_wal", no_wal)
+    monkeypatch.setattr(partition_writer, "Ledger", no_room)  # the first thing done with the opened producer
     opts = parse_options({**OPTIONS, "wal.path": str(tmp_path)})
     with pytest.raises(OSError, match="No space left"):
         task.open_writer(opts, SchemaPlan(columns=("value",), topic_option="t"), TaskIdentity("w1", 3, 0),

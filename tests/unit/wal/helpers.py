@@ -9,7 +9,7 @@ from recoverable_sink.wal import close_wals, open_wal
 
 
 def later() -> float:
-    """Past the quiet time after which a finished write's proof may be trimmed."""
+    """An hour from now: a clock ahead, which no rule but the sweep of published proof reads."""
     return time.time() + 3600
 
 

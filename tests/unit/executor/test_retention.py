@@ -1,30 +1,37 @@
-"""Retention: the sweep of old proof and unfinished attempts, and proof trimmed past wal.proofMaxBytes."""
+"""Retention as tasks start: the sweep of old proof the proof topic holds, and proof trimmed past wal.proofMaxBytes;
+the rules are :func:`recoverable_sink.executor.resume_plan.release`'s, carried out on a real WAL."""
 
 
 import subprocess
 import sys
 import time
 
-from recoverable_sink.wal import open_wal, sweep
+from recoverable_sink.executor.retention import sweep
+from recoverable_sink.wal import open_wal
 from tests.unit.wal.helpers import append, batch, later
 
 
-def test_sweep_removes_old_proof_of_finished_attempts_only(wal_dir):
+def test_sweep_removes_old_proof_only_where_the_proof_topic_holds_it(wal_dir):
+    """The host's clock decides only over published proof: a clock stepped a year ahead takes nothing else."""
     wal = open_wal(wal_dir)
-    proof = wal.begin_attempt("done", 0, 0, {})
-    append(wal, proof, 0, batch([b"a"]))
-    wal.save_acks(proof, {0: bytearray(b"\x01")})
-    wal.finish(proof, [])
+    keys = {}
+    for name in ("published", "unpublished"):
+        keys[name] = key = wal.begin_attempt(name, 0, 0, {})
+        append(wal, key, 0, batch([name.encode()]))
+        wal.save_acks(key, {0: bytearray(b"\x01")})
+        wal.finish(key, [])
+    wal.set_published(keys["published"])
     pending = wal.begin_attempt("failed", 0, 0, {})
     append(wal, pending, 0, batch([b"b"]))
     # Older than the retention, everything acknowledged, still open: a task that waited long for its first batch.
     running = wal.begin_attempt("running", 0, 0, {})
     append(wal, running, 0, batch([b"c"]))
     wal.save_acks(running, {0: bytearray(b"\x01")})
-    removed, kept, _ = sweep(wal, retention_s=3600, now=time.time() + 7200)
+    removed, kept, _ = sweep(wal, retention_s=3600, now=time.time() + 365 * 86400)
     assert (removed, kept) == (1, 2)
-    assert sorted(a.write_id for a in wal.attempts()) == ["failed", "running"]
+    assert sorted(a.write_id for a in wal.attempts()) == ["failed", "running", "unpublished"]
     append(wal, running, 1, batch([b"d"]))  # it goes on writing
+    assert sweep(wal, retention_s=3600, now=time.time() - 365 * 86400) == (0, 0, 0)
 
 
 def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(wal_dir):
@@ -59,7 +66,9 @@ def test_proof_past_wal_proof_max_bytes_goes_oldest_first_and_the_records_stay(w
     assert not by_write["running"].trimmed and wal.record_count(running) == 1
 
 
-def test_sweep_removes_an_unfinished_attempt_once_its_process_is_gone_and_it_holds_only_proof(wal_dir):
+def test_an_unfinished_attempt_whose_process_is_gone_stays_whatever_its_age(wal_dir):
+    """A failed attempt's proof is what its write's re-run skips by: no clock takes it (it is kept, and named in the
+    sweep's warning, until the write is re-run or purged)."""
     # A child process opens an attempt, logs a batch Kafka acknowledged, and dies without finishing it.
     code = (
         "import sys, pyarrow as pa\n"
@@ -75,8 +84,8 @@ def test_sweep_removes_an_unfinished_attempt_once_its_process_is_gone_and_it_hol
     mine = wal.begin_attempt("running", 0, 0, {})  # this process's: still running
     append(wal, mine, 0, batch([b"c"]))
     wal.save_acks(mine, {0: bytearray(b"\x01")})
-    assert sweep(wal, retention_s=3600, now=time.time() + 7200) == (1, 1, 0)
-    assert [a.write_id for a in wal.attempts()] == ["running"]
+    assert sweep(wal, retention_s=3600, now=time.time() + 7200) == (0, 2, 0)
+    assert sorted(a.write_id for a in wal.attempts()) == ["gone", "running"]
 
 
 def test_the_proof_of_a_failed_writes_done_partitions_is_never_trimmed_while_one_partition_is_not_done(wal_dir):

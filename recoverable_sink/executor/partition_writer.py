@@ -1,19 +1,20 @@
-"""The at-least-once partition writer (executor): one task attempt's records through the WAL to Kafka.
+"""The partition writer (executor): one task attempt's records through the WAL to Kafka, under either delivery mode.
 
 The protocol, per (write id, partition):
-1. :meth:`AtLeastOnceWriter.start` takes a producer, opens the attempt's log and reads what earlier attempts on
-   this host logged: the digests of the records Kafka acknowledged to them (see :mod:`recoverable_sink.identity`).
-2. :meth:`~AtLeastOnceWriter.write` normalises and checks each input batch; records whose digest matches an
-   acknowledged one are skipped (as a multiset), the rest are logged to the WAL (fsynced, with their digests)
-   before the producer sees them.
-3. What Kafka acknowledged is learnt at drains and checkpointed to the WAL with every store and on a short
-   timer; a fully acknowledged segment keeps only its digests.
-4. :meth:`~AtLeastOnceWriter.commit`: once the whole partition is logged the attempt is ``logged``; once Kafka
-   acknowledged everything it is ``done`` and keeps only digests, as proof of delivery until the write is
-   certainly committed. On any failure, :meth:`~AtLeastOnceWriter.abort`.
+1. :meth:`PartitionWriter.start` begins the attempt's entry in the host's WAL, gathers the evidence of earlier attempts
+   (:mod:`~recoverable_sink.executor.evidence`), opens the delivery mode (:mod:`~recoverable_sink.executor.delivery`)
+   and follows the resume plan (:mod:`~recoverable_sink.executor.resume_plan`): what to skip by, or a wait, a
+   stand-down, a skipped committed partition or a refusal.
+2. :meth:`~PartitionWriter.write` normalises and checks each input batch; records already delivered are skipped (as a
+   multiset), the rest are logged to the WAL (fsynced, with their digests) before the producer sees them.
+3. What Kafka acknowledged is learnt at drains and checkpointed to the WAL; a fully acknowledged segment keeps only its
+   digests.
+4. :meth:`~PartitionWriter.commit`: once the whole partition is logged the attempt is ``logged``; once Kafka
+   acknowledged everything, the mode finishes it (exactly_once: commits the transaction with the marker) and it is
+   ``done``, keeping only digests as proof of delivery. On any failure, :meth:`~PartitionWriter.abort`.
 
-:class:`recoverable_sink.executor.exactly_once_writer.ExactlyOnceWriter` extends it with the partition's transaction.
-Neither needs Spark: a test drives them with plain Arrow batches.
+Nothing here needs Spark: the tests and the model drive it with plain Arrow batches, a scripted producer, a scripted
+transaction and a temporary WAL.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import TypeVar
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -42,27 +43,32 @@ from recoverable_sink.errors import (
     StaleAttemptError,
     UnknownTopicError,
 )
-from recoverable_sink.executor import dead_letters, resume_plan
-from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt, NoLog, open_log
+from recoverable_sink.executor import dead_letters
+from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt
+from recoverable_sink.executor.delivery import Commit, DeliveryMode
+from recoverable_sink.executor.evidence import Gatherer, NoRemoteProof, RemoteProof
 from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.pacing import Pacer, pacer_for
+from recoverable_sink.executor.proof import Claims, NoClaims, NoRemoteSegments, RemoteSegments, WalClaims, delivered
 from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch, find_refusals
-from recoverable_sink.executor.rerun import EarlierRuns, NoEarlierRuns
 from recoverable_sink.executor.resume_plan import (
     Evidence,
     Plan,
-    Prior,
     Refuse,
     Send,
     SkipIfCommitted,
     StandDown,
     TaskAttempt,
     Wait,
+    attempt_name,
+    finishing,
+    judge_skipped,
+    plan,
 )
 from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, slices, split
 from recoverable_sink.options import DeadLetterTopic, SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
-from recoverable_sink.producer.pool import producers
+from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
 
@@ -80,9 +86,26 @@ CHECKPOINT_EVERY_S = 0.05
 SEGMENT_MAX_BYTES = 8 * 2**20
 
 
+class Clock(Protocol):
+    """The writer's time: how long it has waited, and waiting. Only deadlines and the checkpoint interval read it;
+    nothing kept, skipped or sent depends on it."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
 class Phase(Enum):
-    """Where a writer is. ``SKIPPING`` is exactly_once's: an earlier attempt's transaction holds the partition,
-    so the input is only counted."""
+    """Where a writer is. ``SKIPPING``: a committed transaction already holds the partition (exactly_once), so the
+    input is only counted and fingerprinted."""
 
     NEW = "new"
     WRITING = "writing"
@@ -151,65 +174,69 @@ class _Pending:
     stored: Future[int] | None  # the WAL store of the batch
 
 
-W = TypeVar("W", bound="AtLeastOnceWriter")
-
-
-class AtLeastOnceWriter:
+class PartitionWriter:
     """Writes one partition: :meth:`start`, :meth:`write` for each Arrow batch, then :meth:`commit` (returns the
     commit message) or, on any failure, :meth:`abort`. Shaped like Spark's ``KafkaDataWriter`` and Flink's
     ``SinkWriter``; the Spark writers go through :func:`recoverable_sink.executor.task.write_partition`.
 
-    One batch ahead: the fsynced WAL commit of batch k+1 runs on a thread while batch k is produced (LMDB
-    and Arrow release the GIL); batch k+1 is produced only after its own commit returned, and once a WAL
-    write failed no later batch enters the log."""
-
-    # Whether the input's fingerprint is wanted when no WAL store hashes the records (exactly_once's markers).
-    FINGERPRINT_WITHOUT_WAL = False
+    One batch ahead: the fsynced WAL commit of batch k+1 runs on a thread while batch k is produced (LMDB and Arrow
+    release the GIL); batch k+1 is produced only after its own commit returned, and once a WAL write failed no later
+    batch enters the log."""
 
     def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
-                 producer: SinkProducer | None = None) -> None:
+                 mode: DeliveryMode, log: LogOfAttempt, remote: RemoteProof | None = None,
+                 segments: RemoteSegments | None = None, clock: Clock | None = None) -> None:
         self.options = options
         self.plan = plan
         self.ident = ident
         self.cluster_id = cluster_id
+        self.mode = mode
+        self.log = log
+        self.remote: RemoteProof = remote if remote is not None else NoRemoteProof()
+        self.remote_segments: RemoteSegments = segments if segments is not None else NoRemoteSegments()
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self.faults = options.faults  # the test suite's and chaos campaign's, from _test.* options; else None
         self.where = ident.where
         self.phase = Phase.NEW
-        self.started = time.monotonic()
+        self.started = self.clock.monotonic()
         self.max_message, self.max_message_name = _size_limit(options)
-        self.log: LogOfAttempt = NoLog()
         self.delivered = DeliveredSet()  # what earlier attempts of this run got acknowledged: skipped when met again
-        # What earlier runs of the write delivered on this host, in any partition: a re-run's partitions may hold
-        # other rows than the failed run's partitions of the same number.
-        self.earlier: EarlierRuns | NoEarlierRuns = NoEarlierRuns()
-        self.resume: Send = Send()  # the resume plan this attempt follows, once started
+        # What other runs of the write delivered, in any partition: a re-run's partitions may hold other rows than the
+        # failed run's partitions of the same number.
+        self.earlier: Claims = NoClaims()
+        self.resume: Send | SkipIfCommitted = Send()  # the resume plan this attempt follows, once started
         self.fingerprint = Fingerprint()  # of the whole input, skipped records included
         self.marker_topic = plan.topic_option
         self.position = 0  # records read from Spark
         self.logged = 0  # records handed to the WAL (the ones this attempt must send)
-        self._given_producer = producer
+        self.priors_found = 0  # earlier attempts of this write found here or in Kafka
         self.pacer: Pacer = pacer_for(options)  # rate.recordsPerSecond / rate.bytesPerSecond, if set
         self._pending: _Pending | None = None
-        self._last_checkpoint = time.monotonic()
+        self._last_checkpoint = self.clock.monotonic()
+        self._opened = False
+        self._evidence = Evidence(task=self._task())
 
     # ---- the start --------------------------------------------------------------------------------------
-    def start(self: W) -> W:
-        """Take a producer, open this attempt's log and learn what earlier attempts left; then ``write``."""
+    def start(self) -> PartitionWriter:
+        """Begin this attempt's entry, learn what earlier attempts left, open the mode and follow the plan; then
+        ``write``."""
         assert self.phase is Phase.NEW, f"{self.where}: started twice"
         _freeze_heap_once()
-        self.producer = self._open_producer()
         try:
+            # Begun before the earlier attempts are read (LMDB serialises the two), so of two attempts that overlap one
+            # always sees the other.
+            self.log.begin(self.ident, {"kind": self.ident.kind, "topic": self.plan.topic_option,
+                                        "cluster_id": self.cluster_id, "guarantee": self.options.guarantee})
+            gather = Gatherer(self._task, self.log, self.remote, self.mode.markers, self.plan.topic_option,
+                              self.ident.query_id if self.ident.kind == "stream" else None)
+            # A zombie stands down on what this host's WAL holds, before its producer fences anyone.
+            self._follow_early(plan(gather.local()))
+            opened = self.mode.open(self.plan.topic_option)
+            self._opened = True
+            self.producer = opened.producer
             self.ledger = Ledger(self.producer, self.options.scrub)
             self.partitions = _Partitions(self.producer, self.options)
-            self.log = open_log(self.options, self.ident)
-            self.phase = self._recover()
-            if self.phase is Phase.WRITING:
-                self.log.begin(self.ident, {"kind": self.ident.kind, "topic": self.plan.topic_option,
-                                            "cluster_id": self.cluster_id, "guarantee": self.options.guarantee})
-                self._begun()
-            if self.log.priors:
-                log.info("%s: found %d earlier attempt(s) in WAL %s; sending only what Kafka never acknowledged",
-                         self.where, len(self.log.priors), self.log.path)
+            self.phase = self._follow(self._planned(gather, opened.own_marker, opened.latest_micro_batch))
             self.message = SinkCommitMessage(
                 write_id=self.ident.write_id, partition=self.ident.partition, attempt=self.ident.attempt,
                 host=socket.gethostname(), wal_path=self.log.path, producer=self.producer.kind)
@@ -218,81 +245,82 @@ class AtLeastOnceWriter:
             raise
         return self
 
-    def _open_producer(self) -> SinkProducer:
-        return self._given_producer if self._given_producer is not None else producers.get(self.options)
-
-    def _recover(self) -> Phase:
-        """Write; what the earlier attempts got acknowledged is read once this attempt has begun (:meth:`_begun`)."""
-        return Phase.WRITING
-
-    def _begun(self) -> None:
-        """Follow the resume plan, once this attempt has begun its entry: it is begun before the earlier attempts
-        are read (LMDB serialises the two), so of two attempts that overlap one always sees the other."""
-        try:
-            self._follow(self._planned(self.log.write_priors(self._task())))
-        except BaseException:
-            self.log.drop()  # nothing logged under it: no retry is to wait for this attempt
-            raise
-
     def _task(self) -> TaskAttempt:
         """This attempt as the resume plan sees it."""
         ident = self.ident
         return TaskAttempt(write_id=ident.write_id, partition=ident.partition, run=ident.run,
-                           exactly_once=self.options.exactly_once, task_attempt_id=ident.task_attempt_id,
+                           exactly_once=self.mode.exactly_once, task_attempt_id=ident.task_attempt_id,
                            micro_batch=ident.batch_id if ident.kind == "stream" else None, key=self.log.key,
                            seq=self.log.seq)
 
-    def _evidence(self, priors: tuple[Prior, ...], waited_out: bool) -> Evidence:
-        return Evidence(task=self._task(), priors=priors, waited_out=waited_out, wal=self.log.path)
-
-    def _planned(self, priors: tuple[Prior, ...]) -> Plan:
-        """The resume plan; while it says to wait for attempts still sending on this host, the priors are read again
-        every 0.05 s, up to the final delivery wait."""
-        deadline = time.monotonic() + final_wait_s(self.options)
+    def _planned(self, gather: Gatherer, marker: Marker | None, marker_batch: int | None) -> Plan:
+        """The resume plan; while it says to wait for attempts still sending on this host, the WAL is read again every
+        ``CHECKPOINT_EVERY_S``, up to the final delivery wait."""
+        deadline = self.clock.monotonic() + final_wait_s(self.options)
         waited = False
+        reread = False
         while True:
-            plan = resume_plan.plan(self._evidence(priors, waited_out=time.monotonic() >= deadline))
-            if not isinstance(plan, Wait):
-                return plan
+            evidence = gather.full(marker, marker_batch, waited_out=self.clock.monotonic() >= deadline,
+                                   reread=reread)
+            self.priors_found = len(evidence.priors)
+            self._evidence = evidence
+            found = plan(evidence)
+            if not isinstance(found, Wait):
+                return found
             if not waited:
                 log.info("%s: waiting for %d earlier attempt(s) of this write (%s), still sending from a live "
-                         "Python worker on this host, to end", self.where, len(plan.attempts),
-                         ", ".join(plan.attempts))
+                         "Python worker on this host, to end", self.where, len(found.attempts),
+                         ", ".join(found.attempts))
                 waited = True
-            time.sleep(CHECKPOINT_EVERY_S)
-            priors = self.log.write_priors(self._task())
+            self.clock.sleep(CHECKPOINT_EVERY_S)
+            reread = True
 
-    def _follow(self, plan: Plan) -> Phase:
+    def _follow_early(self, early: Plan) -> None:
+        if isinstance(early, StandDown):
+            raise (InputCutShortError if early.by_retry else StaleAttemptError)(early.reason)
+
+    def _follow(self, found: Plan) -> Phase:
         """Carry out a resume plan: what to skip by, or the stand-down or refusal (nothing sent)."""
-        if isinstance(plan, StandDown):
-            raise (InputCutShortError if plan.by_retry else StaleAttemptError)(plan.reason)
-        if isinstance(plan, Refuse):
-            raise RerunRefusedError(plan.message)
-        if isinstance(plan, SkipIfCommitted):
+        self._follow_early(found)
+        assert not isinstance(found, Wait)
+        if isinstance(found, Refuse):
+            raise RerunRefusedError(found.message)
+        if isinstance(found, SkipIfCommitted):
             log.info("%s: %s: the partition is skipped if its input is the one committed (same fingerprint)",
-                     self.where, plan.reason)
+                     self.where, found.reason)
+            self.resume = found
             return Phase.SKIPPING
-        assert isinstance(plan, Send)
-        if plan.overdue:
+        if found.overdue:
             log.warning("%s: %d earlier attempt(s) of this write still run after %.0f s; going on without knowing "
                         "what Kafka acknowledged to them since: some records may be sent twice", self.where,
-                        len(plan.overdue), final_wait_s(self.options))
-        if plan.unproven:
-            log.warning("WAL %s: the proof of delivery of %d earlier attempt(s) of write %s went to keep "
-                        "wal.proofMaxBytes, so what they delivered is not known here and is sent again",
-                        self.log.path, len(plan.unproven), self.ident.write_id)
-        self.resume = plan
-        self.delivered = self.log.proof(plan.resume, plan.all_acknowledged)
-        if plan.claim:
-            self.earlier = self.log.claims(self.ident, plan.claim, all_acknowledged=self.options.exactly_once)
-            log.info("%s: a re-run of write %s: %d records that other runs delivered on this host, in any "
-                     "partition, are not sent again", self.where, self.ident.write_id, self.earlier.records)
+                        len(found.overdue), final_wait_s(self.options))
+        if found.unproven:
+            log.warning("WAL %s: the proof of delivery of %d earlier attempt(s) of write %s is gone (wal.proofMaxBytes "
+                        "took this host's copy and the proof topic holds none), so what they delivered is not known "
+                        "here and is sent again", self.log.path, len(found.unproven), self.ident.write_id)
+        if self.priors_found:
+            log.info("%s: found %d earlier attempt(s) of this write (WAL %s%s); sending only what Kafka does not hold",
+                     self.where, self.priors_found, self.log.path,
+                     f", proof topic {self.remote.topic}" if self.remote.topic else "")
+        self.resume = found
+        self.delivered = delivered(found.resume, self.log.wal, self.remote_segments)
+        if found.claim:
+            self.earlier = self._claims(found)
+            log.info("%s: a re-run of write %s: %d records that other runs delivered, in any partition, are not sent "
+                     "again", self.where, self.ident.write_id, self.earlier.records)
         return Phase.WRITING
 
+    def _claims(self, found: Send) -> Claims:
+        proven = delivered(found.claim, self.log.wal, self.remote_segments)
+        if not proven or self.log.wal is None or self.ident.run is None:
+            return NoClaims()
+        return WalClaims(self.log.wal, self.ident.write_id, self.ident.run, self.ident.partition, proven)
+
     def _release_after_failed_start(self) -> None:
-        """Nothing was sent: the pooled producer stays in the pool, and an entry begun is removed, so that no
-        retry waits for it."""
+        """Nothing was sent: the entry begun is removed, so that no retry waits for it, and the mode let go."""
         self.log.drop()
+        if self._opened:
+            self.mode.abort()
 
     # ---- the data path ----------------------------------------------------------------------------------
     def write(self, raw: pa.RecordBatch) -> None:
@@ -300,6 +328,8 @@ class AtLeastOnceWriter:
         if raw.num_rows == 0:
             return
         if self.phase is Phase.SKIPPING:
+            # Only counted, and fingerprinted: the end checks it is the input the marker's transactions committed.
+            self.fingerprint.add(record_digests(normalise(raw, self.plan), self.plan.topic_option, self.cluster_id))
             self.position += raw.num_rows
             self.message.skipped += raw.num_rows
             return
@@ -350,8 +380,7 @@ class AtLeastOnceWriter:
         if self.marker_topic is None:  # a topic column's first topic (the dead-letter topic's, for a dead letter)
             self.marker_topic = batch.column("topic")[0].as_py()
         # Hashed beside the WAL store, unless needed here to match a retry's input.
-        if digests is None and (self.delivered or self.earlier or
-                                (self.log.key is None and self.FINGERPRINT_WITHOUT_WAL)):
+        if digests is None and (self.delivered or self.earlier or (self.log.key is None and self.mode.exactly_once)):
             digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
         if digests is not None:
             self.fingerprint.add(as_input if as_input is not None else digests)
@@ -373,8 +402,8 @@ class AtLeastOnceWriter:
                 self.logged += segment.num_rows
 
     def _not_delivered(self, digests: list[bytes]) -> list[bool]:
-        """Per record, whether it must be sent: neither an earlier attempt of this run nor, on a re-run, an
-        earlier run got it acknowledged."""
+        """Per record, whether it must be sent: neither an earlier attempt of this run nor, on a re-run, another run
+        got it delivered."""
         match = self.delivered.take(digests)
         self.message.replayed += match.replayed
         skip = match.skip
@@ -395,14 +424,11 @@ class AtLeastOnceWriter:
             self._produce(self._pending)
             self._pending = None
 
-    def _before_send(self) -> None:
-        """Called before every batch goes to the producer."""
-
     def _produce(self, pending: _Pending) -> None:
         if pending.stored is not None:
             self.message.wal_bytes += pending.stored.result()
         self.pacer.wait(pending.batch)
-        self._before_send()
+        self.mode.before_send()
         try:
             with _no_collection():
                 self.message.published += self.ledger.send(pending.batch, self.plan.topic_option, pending.first)
@@ -413,14 +439,14 @@ class AtLeastOnceWriter:
             self.faults.after_batch(self.ident.write_id, self.ident.partition, self.ident.attempt,
                                     self.message.skipped + end,
                                     lambda: self._checkpoint(wait_s=delivery_timeout_s(self.options)))
-        if time.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
+        if self.clock.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
             # A drain: produce nothing more until the producer's queue is empty, so that what it held is known
             # to be acknowledged or failed. Waiting only a while would let a large backlog (big values) refill
             # the queue before every drain, and no acknowledgement would be learnt until the end.
             self._checkpoint(wait_s=final_wait_s(self.options), sync=False)
 
     def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
-        return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}")
+        return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}{self.mode.locate_error(exc)}")
 
     def _dirty(self) -> Acks:
         """The bitmaps changed since the last save, for the log to persist. Delivery callbacks run on this (the
@@ -431,9 +457,9 @@ class AtLeastOnceWriter:
         """Persist what Kafka acknowledged so far; with ``wait_s``, drain: wait up to that long for the rest,
         persisting every ``CHECKPOINT_EVERY_S`` meanwhile (a kill during a long final flush repeats little).
         Without ``sync`` the saves are only queued: a drain in mid-partition need not wait for the disk."""
-        deadline = time.monotonic() + wait_s
+        deadline = self.clock.monotonic() + wait_s
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self.clock.monotonic()
             try:
                 if remaining > 0 and self.ledger.outstanding:
                     self.ledger.wait_for_acks(min(remaining, CHECKPOINT_EVERY_S))
@@ -442,9 +468,9 @@ class AtLeastOnceWriter:
             except FatalProducerError as exc:
                 self.log.save_acks(self._dirty())  # what was served before the producer died still counts
                 raise self._located(exc) from None
-            self._last_checkpoint = time.monotonic()
+            self._last_checkpoint = self.clock.monotonic()
             self.log.save_acks(self._dirty(), sync)
-            if not self.ledger.outstanding or time.monotonic() >= deadline:
+            if not self.ledger.outstanding or self.clock.monotonic() >= deadline:
                 return
 
     # ---- the end ----------------------------------------------------------------------------------------
@@ -456,7 +482,20 @@ class AtLeastOnceWriter:
         return message
 
     def _commit_skipped(self) -> SinkCommitMessage:
-        raise AssertionError("only exactly_once skips a partition")
+        """A committed transaction holds the partition: nothing was sent. Its input must be the one committed (the
+        marker's fingerprint; its count, for a marker without one), or part of the partition would be lost or
+        repeated."""
+        assert isinstance(self.resume, SkipIfCommitted)
+        self.mode.finish(None)
+        refusal = judge_skipped(self._task(), self.resume.marker, self.fingerprint, self.position, self.log.path)
+        if refusal is not None:
+            raise RerunRefusedError(refusal.message)
+        self.log.apply(finishing(self._task(), self._evidence.priors, self.resume, sent=False))
+        self.message.received = self.position
+        self.message.committed_before = True
+        self.message.offsets_complete = False  # an earlier attempt's transaction wrote them, this one knows not where
+        self.message.seconds = self.clock.monotonic() - self.started
+        return self.message
 
     def _commit_written(self) -> SinkCommitMessage:
         self._produce_pending()
@@ -477,21 +516,30 @@ class AtLeastOnceWriter:
         message.offsets, complete = ledger.written_offsets()
         message.offsets_complete = complete and not message.skipped
         message.diverged = self.delivered.left_over()
-        self._keep_proof(message)
-        message.seconds = time.monotonic() - self.started
-        if self.log.priors:
+        resume = self.resume
+        assert isinstance(resume, Send)
+        if self.ident.retry and not resume.resume and not self.mode.exactly_once:
+            message.unproven = message.published  # a retry with nothing to skip by: some may be repeats
+        names = [h.name for h in resume.holders]
+        if self.log.key is not None:
+            names.append(attempt_name(self.log.key))
+        sent = self.mode.finish(Commit(marker_topic=self.marker_topic,
+                                       records=resume.committed_records + ledger.acked, attempts=tuple(names),
+                                       wal=self.log.path, fingerprint=self.fingerprint,
+                                       produced=ledger.produced > 0))
+        if self.mode.exactly_once and (resume.holders or self.earlier):
+            message.committed_before = True
+            log.info("%s: earlier transactions committed %d records of this partition's input; this one sent the "
+                     "%d they lacked%s", self.where, message.skipped, ledger.acked,
+                     f" ({message.diverged} committed earlier are no longer in the input)" if message.diverged else "")
+        self.log.apply(finishing(self._task(), self._evidence.priors, resume, sent))
+        message.seconds = self.clock.monotonic() - self.started
+        if self.priors_found and not self.mode.exactly_once:
             log.info("%s: done after earlier attempts: %d records, %d sent, %d skipped as already delivered, "
                      "%d re-sent that were logged but unacknowledged, %d delivered earlier but not recomputed",
                      self.where, message.received, message.published, message.skipped, message.replayed,
                      message.diverged)
         return message
-
-    def _keep_proof(self, message: SinkCommitMessage) -> None:
-        """Everything is acknowledged: this attempt's digests stay as proof, the earlier attempts' go."""
-        if self.ident.retry and not self.log.priors:
-            message.unproven = message.published  # a retry with nothing to skip by: some may be repeats
-        # An exactly_once attempt of an earlier run is not this mode's to finish: done means committed there.
-        self.log.finish([p.key for p in self.log.priors if not p.exactly_once])
 
     def abort(self) -> None:
         """After a failure: give records already handed over their chance to be acknowledged and persist what
@@ -499,7 +547,7 @@ class AtLeastOnceWriter:
         try:
             for acks in self.log.settle():
                 self.ledger.give_back(acks)
-            waiting = self.ledger.outstanding and self._waits_on_abort()
+            waiting = self.ledger.outstanding and self.mode.waits_on_abort
             self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if waiting else 0)
         except Exception as secondary:  # noqa: BLE001 - the original error is the one to report
             log.warning("%s: could not checkpoint acknowledgements after the failure: %s", self.where,
@@ -511,15 +559,7 @@ class AtLeastOnceWriter:
             except Exception as secondary:  # noqa: BLE001 - a retry waiting for this attempt goes on at its deadline
                 log.warning("%s: could not mark the attempt ended in the WAL: %s", self.where,
                             self.options.scrub(str(secondary)))
-            self._release_after_abort()
-
-    def _waits_on_abort(self) -> bool:
-        """Whether records still outstanding are worth waiting for: an acknowledgement saved now is one a retry
-        need not send."""
-        return True
-
-    def _release_after_abort(self) -> None:
-        producers.discard(self.options)
+            self.mode.abort()
 
 
 def _segments(batch: pa.RecordBatch, digests: bytes | None) -> Iterator[tuple[pa.RecordBatch, bytes | None]]:
