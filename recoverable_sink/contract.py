@@ -90,6 +90,13 @@ class SinkCommitMessage(WriterCommitMessage):
     # exactly_once attempt skipped a partition already committed).
     dead_lettered: dict[str, int] = field(default_factory=dict)
     dead_letter_topic: str = ""
+    # The proof topic (None: proof.kafka=false): the write's proof partition there, the lowest offset of this write's
+    # proof this attempt knows of, and the proof chunks it knows of in its partition (attempt name, run, exactly_once,
+    # chunks), which a release of the write tombstones.
+    proof_topic: str | None = None
+    proof_partition: int = 0
+    proof_low: int | None = None
+    proof_chunks: tuple[tuple[str, str, bool, int], ...] = ()
 
 
 def stream_write_id(query_id: str, batch_id: int) -> str:

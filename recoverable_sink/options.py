@@ -27,6 +27,8 @@ DEFAULT_PREFLIGHT_TIMEOUT_MS = 30_000
 AT_LEAST_ONCE = "at_least_once"
 EXACTLY_ONCE = "exactly_once"
 DEFAULT_TRANSACTIONAL_ID_PREFIX = "recoverable-kafka-"
+DEFAULT_PROOF_PARTITIONS = 9  # the directory's partition and 8 for the proof itself (proof.partitions)
+DEFAULT_PROOF_RETENTION_HOURS = 168.0  # how long a wal.writeId write can be re-run exactly from any host
 # A partition's transaction must commit within this; the brokers' transaction.max.timeout.ms (15 min by default)
 # caps it, and preflight checks the two against each other.
 DEFAULT_TRANSACTION_TIMEOUT_MS = 900_000
@@ -110,6 +112,11 @@ _SINK_OPTIONS = {
     "summary.path",
     "errors.tolerance",
     "errors.deadletterqueue.topic.name",
+    "proof.kafka",
+    "proof.topic",
+    "proof.partitions",
+    "proof.replicationfactor",
+    "proof.retentionhours",
 }
 # Schema Registry framing, per field: "<field>.<name>" for field in key, value.
 _REGISTRY_OPTIONS = ("schema.registry.url", "subject", "subject.name.strategy", "avro.schema",
@@ -187,6 +194,28 @@ class RegistryFraming:
 
 
 @dataclass(frozen=True)
+class KafkaProof:
+    """Proof of delivery kept in the proof topic too (:mod:`recoverable_sink.proof`): ``topic``, created on the
+    driver with ``partitions`` and ``replication`` (-1: the brokers' default) where it is missing, whose records live
+    ``retention_hours``. ``known_partitions`` is the topic's partition count as the driver found it (0 before)."""
+
+    topic: str
+    partitions: int = DEFAULT_PROOF_PARTITIONS
+    replication: int = -1
+    retention_hours: float = DEFAULT_PROOF_RETENTION_HOURS
+    known_partitions: int = 0
+
+
+@dataclass(frozen=True)
+class WalOnlyProof:
+    """``proof.kafka=false``: proof of delivery only in the executors' WALs (a retry or re-run elsewhere cannot see
+    it)."""
+
+
+ProofPlace = KafkaProof | WalOnlyProof
+
+
+@dataclass(frozen=True)
 class SinkOptions:
     """Everything a task needs to know about one write; pickled from the driver to every task."""
 
@@ -218,6 +247,7 @@ class SinkOptions:
     # produce().
     native_producer: bool = True
     errors: ErrorTolerance = FailOnRefusal()  # what a record Kafka would refuse does
+    proof: ProofPlace = WalOnlyProof()  # where proof of delivery is kept besides the WAL
     # Private fault injection for the test suite and the chaos campaign (``_test.*`` options); None for users.
     faults: FaultPlan | None = None
 
@@ -547,8 +577,40 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
             "transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX), "0,100"),
         native_producer=_parse_bool("producer.native", lowered.get("producer.native", "true")),
         errors=_error_tolerance(lowered, topic),
+        proof=_proof(lowered),
         faults=parse_faults(lowered),
     )
+
+
+def _proof(lowered: Mapping[str, str]) -> ProofPlace:
+    """The proof.* options: the proof topic (on by default), or proof only in the WAL."""
+    if not _parse_bool("proof.kafka", lowered.get("proof.kafka", "true")):
+        extra = sorted(k for k in lowered if k.startswith("proof.") and k != "proof.kafka")
+        if extra:
+            raise OptionError(f"option(s) {', '.join(extra)} apply only to the proof topic, which proof.kafka=false "
+                              "turns off; remove them, or drop proof.kafka=false")
+        return WalOnlyProof()
+    prefix = lowered.get("transactional.id.prefix", DEFAULT_TRANSACTIONAL_ID_PREFIX)
+    topic = lowered.get("proof.topic", f"{prefix}proof")
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", topic) or topic in (".", ".."):
+        raise OptionError(f"option proof.topic={topic!r} is not a valid Kafka topic name (letters, digits, '.', '_' "
+                          "and '-', 1 to 249 of them)")
+    partitions = int(parse_number("proof.partitions", lowered.get("proof.partitions",
+                                                                   str(DEFAULT_PROOF_PARTITIONS)), int))
+    if partitions < 1:
+        raise OptionError(f"option proof.partitions={partitions} must be at least 1 (2 or more keep the directory "
+                          "apart from the proof)")
+    raw = lowered.get("proof.replicationfactor", "-1").strip()
+    replication = int(raw) if re.fullmatch(r"-?\d+", raw) else 0
+    if replication == 0 or replication < -1:
+        raise OptionError(f"option proof.replicationFactor={replication} must be -1 (the brokers' "
+                          "default.replication.factor) or at least 1")
+    hours = parse_number("proof.retentionHours", lowered.get("proof.retentionhours",
+                                                              str(DEFAULT_PROOF_RETENTION_HOURS)))
+    if hours <= 0:
+        raise OptionError(f"option proof.retentionHours={hours:g} must be more than 0: it is how long a write can "
+                          "be re-run exactly from any host")
+    return KafkaProof(topic=topic, partitions=partitions, replication=replication, retention_hours=hours)
 
 
 def _error_tolerance(lowered: Mapping[str, str], topic: str | None) -> ErrorTolerance:

@@ -15,6 +15,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id
+from recoverable_sink.driver import proof_place
 from recoverable_sink.driver.summary import log_abort, log_commit, summarize, wal_location, write_summary
 from recoverable_sink.errors import sentence_first
 from recoverable_sink.options import SinkOptions
@@ -38,6 +39,8 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
         self.write_id = options.write_id or uuid.uuid4().hex
         # One run of this write (this driver-side writer, one SparkContext): its tasks' attempt ids are ordered.
         self.run_id = new_run_id()
+        # Where the tasks read the write's proof in the proof topic (None: proof.kafka=false).
+        self.proof_start = proof_place.start_for(options, self.write_id, generated=options.write_id is None)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
         from recoverable_sink.executor.spark_input import how_input_ended  # executor-side code, imported where it runs
@@ -50,12 +53,14 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
                              generated=self.options.write_id is None)
         with sentence_first():
             return write_partition(iterator, self.options, self.plan, ident, self.cluster_id,
-                                   input_end=how_input_ended)
+                                   input_end=how_input_ended, proof_start=self.proof_start)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         summary = summarize(messages)
         log_commit(f"write {self.write_id}", summary)
         write_summary(self.options.summary_path, "commit", self.write_id, summary)
+        proof_place.finish_write(self.options, self.write_id, self.proof_start, self.options.write_id is None,
+                                 messages)
         if self.options.write_id is None:
             self._release_proof(messages)
             if self.options.exactly_once:
@@ -82,6 +87,7 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
                 wal.purge([a.key for a in wal.attempts(f"{self.write_id}/")])
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        proof_place.refresh_entry(self.options, self.write_id, self.proof_start, self.options.write_id is None)
         summary = summarize(messages)
         reported = [m.wal_path for m in messages if isinstance(m, SinkCommitMessage) and m.wal_path]
         wal_path = self.options.wal_path or (reported[0] if reported else None)

@@ -426,3 +426,25 @@ def _fit_column_topics(options: SinkOptions) -> SinkOptions:
                 "producer's batch.size is set to it (the sink's default is %d); set kafka.batch.size for the topics "
                 "this write sends to if they allow more", smallest[0], smallest[1], DEFAULT_BATCH_SIZE)
     return replace(options, producer_items=tuple(sorted({**conf, "batch.size": str(smallest[1])}.items())))
+
+
+def check_proof_topic(options: SinkOptions) -> SinkOptions:
+    """The proof topic exists (created where it is missing, :mod:`recoverable_sink.proof.topic`) and its partition
+    count is known to every task; ``proof.kafka=false`` skips it."""
+    from dataclasses import replace
+
+    from recoverable_sink.options import KafkaProof
+    from recoverable_sink.proof.topic import ensure_topic
+
+    proof = options.proof
+    if not isinstance(proof, KafkaProof):
+        return options
+    admin = _probe_admin(options)
+    try:
+        count = within(lambda: ensure_topic(options, admin, proof), f"checking the proof topic {proof.topic}",
+                       _answer_wait_s(options), f"preflight.timeoutMs={int(options.preflight_timeout_s * 1000)}",
+                       "the brokers' metadata and admin answers")
+    except KafkaException as exc:
+        raise OptionError(f"the proof topic {proof.topic} could not be checked ({options.scrub(str(exc))}): check "
+                          "the brokers, or set proof.kafka=false") from None
+    return replace(options, proof=replace(proof, known_partitions=count))

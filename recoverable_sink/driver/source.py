@@ -20,6 +20,7 @@ from recoverable_sink.driver.preflight import (
     TopicQuestions,
     check_cluster,
     check_dead_letter_topic,
+    check_proof_topic,
     check_transactions,
     fit_topic_limit,
 )
@@ -103,6 +104,7 @@ class RecoverableKafkaDataSource(DataSource):
         cluster_id = check_cluster(options, questions)
         options = fit_topic_limit(options, questions)
         options = check_dead_letter_topic(options)
+        options = check_proof_topic(options)
         if options.exactly_once:
             check_transactions(options)
         log.debug("the driver's checks took %.1f ms (Python worker %d)", (time.monotonic() - started) * 1000,

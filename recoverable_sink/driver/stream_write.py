@@ -17,6 +17,7 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id, stream_write_id
+from recoverable_sink.driver import proof_place
 from recoverable_sink.driver.summary import log_abort, log_commit, summarize, write_summary
 from recoverable_sink.errors import RecoverableSinkError, sentence_first
 from recoverable_sink.options import SinkOptions
@@ -70,6 +71,7 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
         return message
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        proof_place.advance_stream(self.options, messages)
         summary = summarize(messages)
         log_commit(f"micro-batch {batchId}", summary, routine_at_debug=True)
         write_summary(self.options.summary_path, "commit", f"batch-{batchId}", {"batch_id": batchId, **summary})

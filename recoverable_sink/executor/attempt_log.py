@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import pyarrow as pa
 
@@ -25,6 +25,13 @@ from recoverable_sink.wal import DONE, LOGGED, AttemptInfo, Wal, open_wal
 log = get_logger("attempt_log")
 
 Acks = dict[int, bytearray]
+
+
+class Stored(NamedTuple):
+    """A segment in the log: its payload's bytes and its records' digests."""
+
+    payload: int
+    digests: bytes
 
 _threads: dict[str, ThreadPoolExecutor] = {}
 
@@ -60,7 +67,7 @@ class LogOfAttempt(Protocol):
     def drop(self) -> None: ...
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
-              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[int] | None: ...
+              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[Stored] | None: ...
 
     def save_acks(self, acks: Acks, sync: bool = True) -> None: ...
 
@@ -103,7 +110,7 @@ class NoLog:
         """Nothing to drop."""
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
-              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[int] | None:
+              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[Stored] | None:
         return None
 
     def save_acks(self, acks: Acks, sync: bool = True) -> None:
@@ -141,7 +148,7 @@ class AttemptLog:
         self.ident = ident
         self.key: str | None = None
         self.seq: int | None = None  # the order this attempt began in on the host, once begun
-        self._last_store: Future[int] | None = None
+        self._last_store: Future[Stored] | None = None
         self._last_job: Future[object] | None = None  # the newest store or acknowledgement save queued
         self._failed: BaseException | None = None  # a failed store or save: no later batch enters the log
         self._save_failed: BaseException | None = None
@@ -198,24 +205,24 @@ class AttemptLog:
             self.key = None
 
     def store(self, batch: pa.RecordBatch, first: int, digests: bytes | None, acks: Acks,
-              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[int]:
+              topic_option: str | None, cluster_id: str, fingerprint: Fingerprint) -> Future[Stored]:
         """Queue the batch (records ``first``...) with its digests and the bitmaps changed since the last write;
-        the future gives the payload bytes stored. Without ``digests`` they are hashed on their own thread while
-        the WAL thread may still be storing the batch before (both mostly without the GIL), and added to
+        the future gives the payload bytes stored and the digests. Without ``digests`` they are hashed on their own
+        thread while the WAL thread may still be storing the batch before (both mostly without the GIL), and added to
         ``fingerprint`` there."""
         assert self.key is not None
         wal, key, max_bytes = self._wal, self.key, self.options.wal_max_bytes
         hashed = helper_thread("hash").submit(record_digests, batch, topic_option, cluster_id) \
             if digests is None else None
 
-        def store() -> int:
+        def store() -> Stored:
             try:
                 if self._failed is not None:  # a refused batch lets no later batch into the log
                     raise self._failed
                 ids = digests if hashed is None else hashed.result()
                 if hashed is not None:
                     fingerprint.add(ids)
-                return wal.append(key, first, batch, ids, max_bytes, acks)
+                return Stored(wal.append(key, first, batch, ids, max_bytes, acks), ids)
             except BaseException as exc:
                 self._failed = self._failed or exc
                 if acks:

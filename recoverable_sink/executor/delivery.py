@@ -21,7 +21,6 @@ from typing import Protocol
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import TaskIdentity
 from recoverable_sink.errors import DeliveryError, FatalProducerError, RecordError
-from recoverable_sink.identity import Fingerprint
 from recoverable_sink.options import SinkOptions
 from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.pool import producers
@@ -44,15 +43,10 @@ class Opened:
 
 @dataclass(frozen=True)
 class Commit:
-    """What a finishing attempt hands its mode: the topic the marker is committed for, the records the partition's
-    committed transactions then hold in all, the attempts whose transactions hold them (this one last), where their
-    digests are, and this attempt's whole input's fingerprint; ``produced``: whether it handed anything over."""
+    """What a finishing attempt hands its mode: the partition's marker as this attempt's commit makes it (None where
+    there is no topic to commit it for: nothing was sent), and whether it handed anything over."""
 
-    marker_topic: str | None
-    records: int
-    attempts: tuple[str, ...]
-    wal: str | None
-    fingerprint: Fingerprint
+    marker: Marker | None
     produced: bool
 
 
@@ -138,8 +132,7 @@ class TransactionClient(Protocol):
 
     def timed_out(self) -> str | None: ...
 
-    def commit(self, marker_topic: str, records: int, timeout_s: float, attempts: list[str], wal: str | None,
-               fingerprint: Fingerprint | None) -> None: ...
+    def commit(self, marker: Marker, timeout_s: float) -> None: ...
 
     def abort(self) -> None: ...
 
@@ -202,11 +195,10 @@ class Transactional:
             return False
         # Between here and commit's return a kill leaves the outcome to the next attempt's init_transactions (it
         # completes a commit under way, or aborts) and its marker read.
-        if commit.marker_topic is None or not commit.produced:
+        if commit.marker is None or not commit.produced:
             self.txn.abort()  # nothing was sent: no transaction, no new marker
             return False
-        self.txn.commit(commit.marker_topic, commit.records, self.commit_wait_s, list(commit.attempts), commit.wal,
-                        commit.fingerprint)
+        self.txn.commit(commit.marker, self.commit_wait_s)
         self.txn.close()
         return True
 

@@ -48,6 +48,10 @@ class RemoteProof(Protocol):
         """The latest micro-batch of this task's query the proof topic names (None for a batch write's)."""
         ...
 
+    def markers(self) -> dict[int, Marker]:
+        """This write's committed markers the proof topic holds, by partition (exactly_once)."""
+        ...
+
 
 class LocalAttempts(Protocol):
     """This host's WAL as the evidence sees it (:class:`recoverable_sink.executor.attempt_log.AttemptLog`)."""
@@ -127,7 +131,16 @@ class Gatherer:
         task = self._task()
         priors = merge(self._local, [r for r in self.remote.attempts() if r.name != task.name])
         others = sorted({p.partition for p in priors if p.run != task.run and p.partition != task.partition})
-        markers = self._markers(others, self.topic) if task.exactly_once and task.run is not None and others else {}
+        # The proof topic's copies, which outlive the marker groups' offsets (for this topic only, as the groups').
+        kept = {p: m for p, m in self.remote.markers().items() if self.topic is None or (m.topic or self.topic) ==
+                self.topic}
+        own_marker = own_marker or kept.get(task.partition)
+        markers: dict[int, tuple[Marker, ...]] = {}
+        if task.exactly_once and task.run is not None and others:
+            markers = {p: tuple(ms) for p, ms in self._markers(others, self.topic).items()}
+            for p in others:
+                if p in kept and not markers.get(p):
+                    markers[p] = (kept[p],)
         here = self.log.latest_micro_batch(self.query_id) if self.query_id is not None else None
         later = max((b for b in (here, marker_batch, self.remote.latest_micro_batch()) if b is not None),
                     default=None)
@@ -145,3 +158,6 @@ class NoRemoteProof:
 
     def latest_micro_batch(self) -> int | None:
         return None
+
+    def markers(self) -> dict[int, Marker]:
+        return {}

@@ -44,12 +44,12 @@ from recoverable_sink.errors import (
     UnknownTopicError,
 )
 from recoverable_sink.executor import dead_letters
-from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt
+from recoverable_sink.executor.attempt_log import Acks, LogOfAttempt, Stored
 from recoverable_sink.executor.delivery import Commit, DeliveryMode
-from recoverable_sink.executor.evidence import Gatherer, NoRemoteProof, RemoteProof
+from recoverable_sink.executor.evidence import Gatherer
 from recoverable_sink.executor.normalise import normalise
 from recoverable_sink.executor.pacing import Pacer, pacer_for
-from recoverable_sink.executor.proof import Claims, NoClaims, NoRemoteSegments, RemoteSegments, WalClaims, delivered
+from recoverable_sink.executor.proof import Claims, NoClaims, NoProofTopic, ProofTopic, WalClaims, delivered
 from recoverable_sink.executor.record_checks import TOPIC_BATCH_FRAMING, check_batch, find_refusals
 from recoverable_sink.executor.resume_plan import (
     Evidence,
@@ -65,12 +65,13 @@ from recoverable_sink.executor.resume_plan import (
     judge_skipped,
     plan,
 )
-from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, slices, split
+from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet, Fingerprint, record_digests, slices, split
 from recoverable_sink.options import DeadLetterTopic, SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
+from recoverable_sink.proof.format import ChunkSegment
 
 log = get_logger("writer")
 
@@ -171,7 +172,8 @@ class _Pending:
 
     batch: pa.RecordBatch
     first: int
-    stored: Future[int] | None  # the WAL store of the batch
+    stored: Future[Stored] | None  # the WAL store of the batch
+    digests: bytes | None  # its records' digests, where known before the store
 
 
 class PartitionWriter:
@@ -184,16 +186,15 @@ class PartitionWriter:
     batch enters the log."""
 
     def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
-                 mode: DeliveryMode, log: LogOfAttempt, remote: RemoteProof | None = None,
-                 segments: RemoteSegments | None = None, clock: Clock | None = None) -> None:
+                 mode: DeliveryMode, log: LogOfAttempt, proof: ProofTopic | None = None,
+                 clock: Clock | None = None) -> None:
         self.options = options
         self.plan = plan
         self.ident = ident
         self.cluster_id = cluster_id
         self.mode = mode
         self.log = log
-        self.remote: RemoteProof = remote if remote is not None else NoRemoteProof()
-        self.remote_segments: RemoteSegments = segments if segments is not None else NoRemoteSegments()
+        self.proof: ProofTopic = proof if proof is not None else NoProofTopic()
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.faults = options.faults  # the test suite's and chaos campaign's, from _test.* options; else None
         self.where = ident.where
@@ -215,6 +216,10 @@ class PartitionWriter:
         self._last_checkpoint = self.clock.monotonic()
         self._opened = False
         self._evidence = Evidence(task=self._task())
+        # The proof topic's side of this attempt: the digests of segments handed over whose acknowledgements are yet
+        # to be written there (at_least_once), and how many chunks this attempt wrote (their keys' numbers).
+        self._segment_digests: dict[int, bytes] = {}
+        self._chunks = 0
 
     # ---- the start --------------------------------------------------------------------------------------
     def start(self) -> PartitionWriter:
@@ -227,7 +232,7 @@ class PartitionWriter:
             # always sees the other.
             self.log.begin(self.ident, {"kind": self.ident.kind, "topic": self.plan.topic_option,
                                         "cluster_id": self.cluster_id, "guarantee": self.options.guarantee})
-            gather = Gatherer(self._task, self.log, self.remote, self.mode.markers, self.plan.topic_option,
+            gather = Gatherer(self._task, self.log, self.proof, self.mode.markers, self.plan.topic_option,
                               self.ident.query_id if self.ident.kind == "stream" else None)
             # A zombie stands down on what this host's WAL holds, before its producer fences anyone.
             self._follow_early(plan(gather.local()))
@@ -301,9 +306,9 @@ class PartitionWriter:
         if self.priors_found:
             log.info("%s: found %d earlier attempt(s) of this write (WAL %s%s); sending only what Kafka does not hold",
                      self.where, self.priors_found, self.log.path,
-                     f", proof topic {self.remote.topic}" if self.remote.topic else "")
+                     f", proof topic {self.proof.topic}" if self.proof.topic else "")
         self.resume = found
-        self.delivered = delivered(found.resume, self.log.wal, self.remote_segments)
+        self.delivered = delivered(found.resume, self.log.wal, self.proof)
         if found.claim:
             self.earlier = self._claims(found)
             log.info("%s: a re-run of write %s: %d records that other runs delivered, in any partition, are not sent "
@@ -311,8 +316,12 @@ class PartitionWriter:
         return Phase.WRITING
 
     def _claims(self, found: Send) -> Claims:
-        proven = delivered(found.claim, self.log.wal, self.remote_segments)
-        if not proven or self.log.wal is None or self.ident.run is None:
+        proven = delivered(found.claim, self.log.wal, self.proof)
+        if not proven or self.ident.run is None:
+            return NoClaims()
+        if self.proof.topic is not None:  # of the run's partitions on any host, one counts each delivered copy
+            return self.proof.claims(proven)
+        if self.log.wal is None:
             return NoClaims()
         return WalClaims(self.log.wal, self.ident.write_id, self.ident.run, self.ident.partition, proven)
 
@@ -379,8 +388,9 @@ class PartitionWriter:
         identities as they came in, which the input's fingerprint counts."""
         if self.marker_topic is None:  # a topic column's first topic (the dead-letter topic's, for a dead letter)
             self.marker_topic = batch.column("topic")[0].as_py()
-        # Hashed beside the WAL store, unless needed here to match a retry's input.
-        if digests is None and (self.delivered or self.earlier or (self.log.key is None and self.mode.exactly_once)):
+        # Hashed beside the WAL store, unless needed here to match a retry's input (or there is no WAL store).
+        if digests is None and (self.delivered or self.earlier or (self.log.key is None and (
+                self.mode.exactly_once or self.proof.topic is not None))):
             digests = record_digests(batch, self.plan.topic_option, self.cluster_id)
         if digests is not None:
             self.fingerprint.add(as_input if as_input is not None else digests)
@@ -398,7 +408,7 @@ class PartitionWriter:
                                         self.plan.topic_option, self.cluster_id, self.fingerprint)
                 if self._pending is not None:
                     self._produce(self._pending)
-                self._pending = _Pending(segment, self.logged, stored)
+                self._pending = _Pending(segment, self.logged, stored, segment_digests)
                 self.logged += segment.num_rows
 
     def _not_delivered(self, digests: list[bytes]) -> list[bool]:
@@ -425,13 +435,22 @@ class PartitionWriter:
             self._pending = None
 
     def _produce(self, pending: _Pending) -> None:
+        digests = pending.digests
         if pending.stored is not None:
-            self.message.wal_bytes += pending.stored.result()
+            stored = pending.stored.result()
+            self.message.wal_bytes += stored.payload
+            digests = stored.digests
         self.pacer.wait(pending.batch)
         self.mode.before_send()
         try:
             with _no_collection():
                 self.message.published += self.ledger.send(pending.batch, self.plan.topic_option, pending.first)
+            if self.proof.topic is not None and digests is not None:
+                n = pending.batch.num_rows
+                if self.mode.exactly_once:  # inside the transaction: visible with the segment's records or not at all
+                    self._send_chunk([ChunkSegment(pending.first, n, b"\x01" * n, digests)], last=False)
+                else:
+                    self._segment_digests[pending.first] = digests
         except (DeliveryError, RecordError) as exc:
             raise self._located(exc) from None
         end = pending.first + pending.batch.num_rows
@@ -449,9 +468,44 @@ class PartitionWriter:
         return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}{self.mode.locate_error(exc)}")
 
     def _dirty(self) -> Acks:
-        """The bitmaps changed since the last save, for the log to persist. Delivery callbacks run on this (the
-        task's) thread, inside produce/poll/flush: no lock needed."""
-        return self.ledger.take_changes() if self.log.key is not None else {}
+        """The bitmaps changed since the last save, for the log to persist; at_least_once, what they say Kafka
+        acknowledged goes to the proof topic too (a retry on another host then skips it). Delivery callbacks run on
+        this (the task's) thread, inside produce/poll/flush: no lock needed."""
+        if self.log.key is None and self.proof.topic is None:
+            return {}
+        changes = self.ledger.take_changes()
+        if self.proof.topic is not None and not self.mode.exactly_once and changes:
+            self._publish(changes)
+        return changes if self.log.key is not None else {}
+
+    def _publish(self, changes: Acks) -> None:
+        """One proof chunk for the segments whose acknowledgements changed: their bitmaps and the digests of what they
+        say Kafka acknowledged."""
+        segments = []
+        for first, bitmap in sorted(changes.items()):
+            digests = self._segment_digests.get(first)
+            if digests is None:
+                continue
+            acked = bytes(bitmap)
+            kept = b"".join(digests[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE] for i, a in enumerate(acked) if a) \
+                if 0 in acked else digests
+            segments.append(ChunkSegment(first, len(acked), acked, kept))
+            if 0 not in acked:
+                del self._segment_digests[first]
+        if segments:
+            self._send_chunk(segments, last=False)
+
+    def _send_chunk(self, segments: list[ChunkSegment], last: bool) -> None:
+        name = attempt_name(self.log.key) if self.log.key is not None else self._anonymous_name
+        self.mode.before_send()
+        for batch in self.proof.chunk_batches(name, self._chunks, segments, last, self.mode.exactly_once):
+            self.ledger.send_proof(batch, self.proof.topic or "")
+            self._chunks += batch.num_rows
+
+    @property
+    def _anonymous_name(self) -> str:
+        """An attempt's name without a WAL entry (wal.enabled=false): its task attempt, unique in its run."""
+        return f"nowal-{self.ident.task_attempt_id if self.ident.task_attempt_id is not None else self.ident.attempt}"
 
     def _checkpoint(self, wait_s: float, sync: bool = True) -> None:
         """Persist what Kafka acknowledged so far; with ``wait_s``, drain: wait up to that long for the rest,
@@ -460,8 +514,9 @@ class PartitionWriter:
         deadline = self.clock.monotonic() + wait_s
         while True:
             remaining = deadline - self.clock.monotonic()
+            waiting = self.ledger.outstanding or self.ledger.proof_outstanding
             try:
-                if remaining > 0 and self.ledger.outstanding:
+                if remaining > 0 and waiting:
                     self.ledger.wait_for_acks(min(remaining, CHECKPOINT_EVERY_S))
                 else:
                     self.ledger.serve()
@@ -470,7 +525,7 @@ class PartitionWriter:
                 raise self._located(exc) from None
             self._last_checkpoint = self.clock.monotonic()
             self.log.save_acks(self._dirty(), sync)
-            if not self.ledger.outstanding or self.clock.monotonic() >= deadline:
+            if not (self.ledger.outstanding or self.ledger.proof_outstanding) or self.clock.monotonic() >= deadline:
                 return
 
     # ---- the end ----------------------------------------------------------------------------------------
@@ -491,6 +546,7 @@ class PartitionWriter:
         if refusal is not None:
             raise RerunRefusedError(refusal.message)
         self.log.apply(finishing(self._task(), self._evidence.priors, self.resume, sent=False))
+        self._report_proof(self.message)
         self.message.received = self.position
         self.message.committed_before = True
         self.message.offsets_complete = False  # an earlier attempt's transaction wrote them, this one knows not where
@@ -500,6 +556,7 @@ class PartitionWriter:
     def _commit_written(self) -> SinkCommitMessage:
         self._produce_pending()
         self.log.mark_logged(self._dirty())
+        self._release_older()
         self._checkpoint(wait_s=final_wait_s(self.options))
         ledger = self.ledger
         if ledger.failed or ledger.outstanding:
@@ -523,16 +580,34 @@ class PartitionWriter:
         names = [h.name for h in resume.holders]
         if self.log.key is not None:
             names.append(attempt_name(self.log.key))
-        sent = self.mode.finish(Commit(marker_topic=self.marker_topic,
-                                       records=resume.committed_records + ledger.acked, attempts=tuple(names),
-                                       wal=self.log.path, fingerprint=self.fingerprint,
-                                       produced=ledger.produced > 0))
+        marker = Marker(write_id=self.ident.write_id, partition=self.ident.partition, topic=self.marker_topic,
+                        records=resume.committed_records + ledger.acked, attempts=tuple(names), run=self.ident.run,
+                        fingerprint=self.fingerprint, wal=self.log.path) if self.marker_topic is not None else None
+        produced = ledger.produced > 0
+        if self.proof.topic is not None:
+            if not self.mode.exactly_once:
+                self._send_chunk([], last=True)  # its last checkpoint: everything it logged is acknowledged
+            elif marker is not None and produced:
+                self.mode.before_send()
+                self.ledger.send_proof(self.proof.marker_batch(marker), self.proof.topic)
+            self._checkpoint(wait_s=final_wait_s(self.options))
+            problem = ledger.proof_failure() or (f"{ledger.proof_outstanding} proof records unacknowledged at the "
+                                                 "deadline" if ledger.proof_outstanding else None)
+            if problem is not None:
+                raise DeliveryError(f"{self.where}: its proof of delivery could not be written to the proof topic "
+                                    f"{self.proof.topic} ({self.options.scrub(problem)}), so a retry or re-run on "
+                                    "another host could not tell what this attempt delivered; check that this "
+                                    "principal may WRITE it (or set proof.kafka=false)")
+        sent = self.mode.finish(Commit(marker=marker, produced=produced))
+        if self.proof.topic is not None and (sent or not self.mode.exactly_once):
+            self.log.publish()
         if self.mode.exactly_once and (resume.holders or self.earlier):
             message.committed_before = True
             log.info("%s: earlier transactions committed %d records of this partition's input; this one sent the "
                      "%d they lacked%s", self.where, message.skipped, ledger.acked,
                      f" ({message.diverged} committed earlier are no longer in the input)" if message.diverged else "")
         self.log.apply(finishing(self._task(), self._evidence.priors, resume, sent))
+        self._report_proof(message)
         message.seconds = self.clock.monotonic() - self.started
         if self.priors_found and not self.mode.exactly_once:
             log.info("%s: done after earlier attempts: %d records, %d sent, %d skipped as already delivered, "
@@ -540,6 +615,29 @@ class PartitionWriter:
                      self.where, message.received, message.published, message.skipped, message.replayed,
                      message.diverged)
         return message
+
+    def _release_older(self) -> None:
+        """A micro-batch's task releases its partition's proof of the query's earlier micro-batches (Spark started
+        this one only once they were in the query's commit log): tombstones, in this attempt's transaction under
+        exactly_once."""
+        older = self.proof.older_keys(self.ident.partition)
+        if older and self.proof.topic is not None:
+            self.mode.before_send()
+            self.ledger.send_proof(pa.RecordBatch.from_pydict({
+                "key": pa.array(older, pa.binary()), "value": pa.nulls(len(older), pa.binary()),
+                "partition": pa.array([self.proof.partition] * len(older), pa.int32())}), self.proof.topic)
+
+    def _report_proof(self, message: SinkCommitMessage) -> None:
+        """What the driver's release of the write needs to know of the proof topic."""
+        if self.proof.topic is None:
+            return
+        message.proof_topic = self.proof.topic
+        message.proof_partition = self.proof.partition
+        lows = [o for o in (self.ledger.proof_low, self.proof.low()) if o is not None]
+        message.proof_low = min(lows) if lows else None
+        name = attempt_name(self.log.key) if self.log.key is not None else self._anonymous_name
+        chunks = [(name, self.ident.run or "-", self.mode.exactly_once, self._chunks)] if self._chunks else []
+        message.proof_chunks = (*chunks, *self.proof.chunks_known(self.ident.partition))
 
     def abort(self) -> None:
         """After a failure: give records already handed over their chance to be acknowledged and persist what

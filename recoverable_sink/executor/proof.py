@@ -15,8 +15,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+import pyarrow as pa
+
+from recoverable_sink.executor.evidence import RemoteAttempt
 from recoverable_sink.executor.resume_plan import Take
 from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet
+from recoverable_sink.producer.marker import Marker
+from recoverable_sink.proof.format import ChunkSegment
 from recoverable_sink.wal import Wal
 
 # One checkpointed segment of an attempt as the proof topic holds it: (segment's first position, its record count,
@@ -30,9 +35,82 @@ class RemoteSegments(Protocol):
     def segments(self, name: str) -> Iterable[RemoteSegment]: ...
 
 
-class NoRemoteSegments:
+class ProofTopic(Protocol):
+    """The proof topic as the partition writer uses it: :class:`~recoverable_sink.executor.kafka_proof.KafkaProofLog`,
+    a test's scripted broker, or :class:`NoProofTopic` (``proof.kafka=false``). What it holds is read once, when first
+    asked; ``partition`` is the write's proof partition; ``read_from`` where this attempt began to read (None: it read
+    nothing)."""
+
+    topic: str | None
+    partition: int
+    read_from: int | None
+
+    def attempts(self) -> Sequence[RemoteAttempt]: ...
+
+    def latest_micro_batch(self) -> int | None: ...
+
+    def markers(self) -> dict[int, Marker]: ...
+
+    def segments(self, name: str) -> Iterable[RemoteSegment]: ...
+
+    def claims(self, proven: DeliveredSet) -> Claims: ...
+
+    def chunk_batches(self, attempt: str, seq: int, segments: list[ChunkSegment], last: bool,
+                      exactly_once: bool) -> list[pa.RecordBatch]: ...
+
+    def marker_batch(self, marker: Marker) -> pa.RecordBatch: ...
+
+    def older_keys(self, partition: int) -> list[bytes]:
+        """Proof keys of earlier micro-batches of this query's ``partition``, which this one's commit releases."""
+        ...
+
+    def low(self) -> int | None:
+        """The lowest offset of this write's proof read (None: none read)."""
+        ...
+
+    def chunks_known(self, partition: int) -> list[tuple[str, str, bool, int]]:
+        """The proof chunks of ``partition``'s earlier attempts of this write that were read: (attempt, run,
+        exactly_once, chunks)."""
+        ...
+
+
+class NoProofTopic:
+    """``proof.kafka=false``: nothing beyond the WAL."""
+
+    topic: str | None = None
+    partition = 0
+    read_from: int | None = None
+
+    def attempts(self) -> Sequence[RemoteAttempt]:
+        return ()
+
+    def latest_micro_batch(self) -> int | None:
+        return None
+
+    def markers(self) -> dict[int, Marker]:
+        return {}
+
     def segments(self, name: str) -> Iterable[RemoteSegment]:
         return ()
+
+    def claims(self, proven: DeliveredSet) -> Claims:
+        raise AssertionError("without a proof topic, claims are the WAL's")
+
+    def chunk_batches(self, attempt: str, seq: int, segments: list[ChunkSegment], last: bool,
+                      exactly_once: bool) -> list[pa.RecordBatch]:
+        return []
+
+    def marker_batch(self, marker: Marker) -> pa.RecordBatch:
+        raise AssertionError("no proof topic")
+
+    def older_keys(self, partition: int) -> list[bytes]:
+        return []
+
+    def low(self) -> int | None:
+        return None
+
+    def chunks_known(self, partition: int) -> list[tuple[str, str, bool, int]]:
+        return []
 
 
 def delivered(takes: Sequence[Take], wal: Wal | None, remote: RemoteSegments) -> DeliveredSet:

@@ -16,11 +16,11 @@ from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.executor.attempt_log import LogOfAttempt, open_log
 from recoverable_sink.executor.delivery import AtLeastOnce, DeliveryMode, Transactional, TransactionClient
-from recoverable_sink.executor.evidence import RemoteProof
+from recoverable_sink.executor.kafka_proof import KafkaProofLog, ProofStart
 from recoverable_sink.executor.partition_writer import Clock, PartitionWriter, final_wait_s
-from recoverable_sink.executor.proof import RemoteSegments
+from recoverable_sink.executor.proof import NoProofTopic, ProofTopic
 from recoverable_sink.executor.spark_input import InputEnd
-from recoverable_sink.options import SinkOptions
+from recoverable_sink.options import KafkaProof, SinkOptions
 from recoverable_sink.producer.protocol import SinkProducer
 
 __all__ = ["PartitionWriter", "mode_for", "open_writer", "write_partition"]
@@ -35,23 +35,33 @@ def mode_for(options: SinkOptions, ident: TaskIdentity, producer: SinkProducer |
     return AtLeastOnce(options, producer)
 
 
+def proof_for(options: SinkOptions, ident: TaskIdentity, start: ProofStart | None = None) -> ProofTopic:
+    """The proof topic of the write (``start``: where its driver says the write's proof is read from; a stream's
+    tasks look it up), or none with ``proof.kafka=false``."""
+    if isinstance(options.proof, KafkaProof):
+        return KafkaProofLog(options, options.proof, ident, start)
+    return NoProofTopic()
+
+
 def open_writer(options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
                 producer: SinkProducer | None = None, *, transaction: TransactionClient | None = None,
-                log: LogOfAttempt | None = None, remote: RemoteProof | None = None,
-                segments: RemoteSegments | None = None, clock: Clock | None = None) -> PartitionWriter:
-    """A started writer for ``options.guarantee`` (see :func:`mode_for`); ``log``, ``remote``, ``segments`` and
-    ``clock`` replace the host's WAL, the proof topic and time for a test or the model."""
+                log: LogOfAttempt | None = None, proof: ProofTopic | None = None,
+                proof_start: ProofStart | None = None, clock: Clock | None = None) -> PartitionWriter:
+    """A started writer for ``options.guarantee`` (see :func:`mode_for`); ``log``, ``proof`` and ``clock`` replace the
+    host's WAL, the proof topic and time for a test or the model."""
     return PartitionWriter(options, plan, ident, cluster_id, mode_for(options, ident, producer, transaction),
-                           log if log is not None else open_log(options, ident), remote, segments, clock).start()
+                           log if log is not None else open_log(options, ident),
+                           proof if proof is not None else proof_for(options, ident, proof_start), clock).start()
 
 
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,
                     ident: TaskIdentity, cluster_id: str,
-                    input_end: Callable[[], InputEnd] = lambda: InputEnd.UNKNOWN) -> SinkCommitMessage:
+                    input_end: Callable[[], InputEnd] = lambda: InputEnd.UNKNOWN,
+                    proof_start: ProofStart | None = None) -> SinkCommitMessage:
     """Write one partition: commit once the input ended normally, abort on any failure. ``input_end`` says how
     the input ended (:func:`~recoverable_sink.executor.spark_input.how_input_ended` in a Spark task): a cut-short
     input is a failure, so that no part of a partition is ever committed or marked fully logged."""
-    writer = open_writer(options, plan, ident, cluster_id)
+    writer = open_writer(options, plan, ident, cluster_id, proof_start=proof_start)
     try:
         for batch in batches:
             writer.write(batch)

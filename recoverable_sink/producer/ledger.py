@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,6 +71,15 @@ class Ledger:
         self._failed_rows: dict[int, set[int]] = {}  # by slot, the indexes that failed since the last drain
         self._written = WrittenOffsets()
         self._written_complete = True
+        # Proof records (the proof topic's chunks and marker): handed over like data, never booked in the bitmaps;
+        # what a drain found of them tells which are in Kafka.
+        self.proof_topic: str | None = None
+        self.proof_sent = 0
+        self.proof_acked = 0
+        self.proof_low: int | None = None  # the lowest proof-topic offset Kafka acknowledged to this attempt
+        self._proof_slots: dict[int, int] = {}  # slot -> records handed over in it
+        self._proof_window: list[int] = []
+        self._proof_failures: list[Failure] = []
         # A pooled producer's earlier task drained it: whatever it still holds is not this attempt's.
         producer.take_reports()
 
@@ -110,6 +120,29 @@ class Ledger:
         self.serve()
         return taken
 
+    def send_proof(self, batch: pa.RecordBatch, topic: str) -> None:
+        """Hand proof records (a batch of key, value and an explicit partition) to the producer, after the data handed
+        over before them: a drain then says whether Kafka has them (:attr:`proof_acked`). A refusal raises."""
+        self.proof_topic = topic
+        slot = next(_SLOTS)
+        self._proof_slots[slot] = 0
+        with fatal_errors():
+            try:
+                taken = self.producer.send(batch, topic, slot, None)
+            except Stopped as stop:
+                raise refused(stop.cause, 0, topic, stop.partition, self.scrub, None) from None
+        self._proof_slots[slot] = taken
+        self.proof_sent += taken
+        self._proof_window.append(slot)
+
+    @property
+    def proof_outstanding(self) -> int:
+        return self.proof_sent - self.proof_acked - len(self._proof_failures)
+
+    def proof_failure(self) -> str | None:
+        """The first proof record Kafka refused, as a task's error names it."""
+        return self._proof_failures[0].describe() if self._proof_failures else None
+
     def _stopped(self, stop: Stopped, position: int) -> None:
         with fatal_errors():
             if not isinstance(stop.cause, KafkaException):
@@ -130,7 +163,7 @@ class Ledger:
                 self.producer.poll(0)
             finally:
                 self._take()
-        if self._window and len(self.producer) == 0:
+        if (self._window or self._proof_window) and len(self.producer) == 0:
             self._drained()
 
     def drain(self, timeout_s: float) -> None:
@@ -148,7 +181,7 @@ class Ledger:
         """Drain until every handed-over record is acknowledged or has failed, or ``timeout_s`` passed (past
         librdkafka's own delivery timeout, it reports every undelivered record as failed)."""
         deadline = time.monotonic() + timeout_s
-        while self.outstanding > 0:
+        while self.outstanding > 0 or self.proof_outstanding > 0:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -158,11 +191,17 @@ class Ledger:
         """Take the producer's reports into the books."""
         reports: Reports = self.producer.take_reports()
         for failure in reports.failures:
+            if failure.slot in self._proof_slots:
+                self._proof_failures.append(failure)
+                continue
             self.failed += 1
             self._failed_rows.setdefault(failure.slot, set()).add(failure.index)
             if len(self._errors) < 20:
                 self._errors.append(failure)
         for topic, partition, first, last, count in reports.written:
+            if topic == self.proof_topic:
+                self.proof_low = first if self.proof_low is None else min(self.proof_low, first)
+                continue
             self._written.add(topic, partition, first, last, count)
         self._written_complete = self._written_complete and reports.complete
 
@@ -183,6 +222,9 @@ class Ledger:
         self._window.clear()
         self._failed_rows.clear()
         self.acked = self.produced - self.failed
+        failed = Counter(f.slot for f in self._proof_failures)
+        self.proof_acked += sum(self._proof_slots[slot] - failed[slot] for slot in self._proof_window)
+        self._proof_window.clear()
 
     # ---- the books --------------------------------------------------------------------------------------------
     def written_offsets(self) -> tuple[tuple[OffsetRange, ...], bool]:

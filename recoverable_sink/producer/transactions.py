@@ -38,7 +38,6 @@ from confluent_kafka.admin import AdminClient
 from recoverable_sink._logging import get_logger
 from recoverable_sink.deadlines import MARGIN_S, within
 from recoverable_sink.errors import DeadlineExceededError, DeliveryError, transaction_problem
-from recoverable_sink.identity import Fingerprint
 from recoverable_sink.options import SinkOptions, client_config, short_lived
 from recoverable_sink.producer.ledger import delivery_timeout_s
 from recoverable_sink.producer.marker import Marker
@@ -223,18 +222,16 @@ class PartitionTransaction:
         ``topic``, that topic's only)."""
         return read_markers(self.options, self.txn_id, [topic] if topic is not None else None, self.fail)
 
-    def commit(self, marker_topic: str, records: int, timeout_s: float, attempts: list[str],
-               wal: str | None, fingerprint: Fingerprint | None) -> None:
-        """Commit the data with the marker (one transaction); the producer has delivered every record.
-        ``records`` and ``attempts`` count every committed transaction of the partition, this one included;
-        ``wal`` is where the attempts' digests are (named in a retry's error when it runs elsewhere);
-        ``fingerprint`` is this attempt's whole input's."""
-        assert self.producer is not None
-        metadata = Marker(write_id=self.write_id, partition=self.partition, topic=marker_topic, records=records,
-                          attempts=tuple(attempts), run=self.run, fingerprint=fingerprint, wal=wal).encode()
+    def commit(self, marker: Marker, timeout_s: float) -> None:
+        """Commit the data with the marker (one transaction); the producer has delivered every record. The marker's
+        ``records`` and ``attempts`` count every committed transaction of the partition, this one included; its
+        ``wal`` is where the attempts' digests are (named in a retry's error when it runs elsewhere), its
+        ``fingerprint`` this attempt's whole input's."""
+        assert self.producer is not None and marker.topic is not None
+        metadata, topic, records = marker.encode(), marker.topic, marker.records
         producer, limit = self.producer, min(timeout_s, self.call_limit_s)
         try:
-            self._within(lambda: producer.send_marker(self.txn_id, marker_topic, 0, records, metadata, limit),
+            self._within(lambda: producer.send_marker(self.txn_id, topic, 0, records, metadata, limit),
                          "send_offsets_to_transaction (the commit marker)", limit, self._bound_by,
                          f"the group coordinator of {self.txn_id}")
             self._within(lambda: producer.commit_transaction(limit), "commit_transaction", limit, self._bound_by,

@@ -20,10 +20,10 @@ from recoverable_sink.driver.preflight import check_cluster
 from recoverable_sink.errors import DeadlineExceededError, DeliveryError
 from recoverable_sink.executor.partition_writer import final_wait_s
 from recoverable_sink.executor.task import open_writer
-from recoverable_sink.options import parse_options
 from recoverable_sink.producer.transactions import transactional_id
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.kafka_proxy import GatedCluster, Silencer, silenced_nodes
+from testing.task_options import task_options
 from testing.waiting import wait_until
 
 DELIVERY_MS = 6000  # the calls' own limits in these tests: a commit's deadline is then 6 s + the margin
@@ -43,7 +43,7 @@ def _options(cluster, topic, mode, wal):
             "wal.path": str(wal), "kafka.delivery.timeout.ms": str(DELIVERY_MS), "kafka.request.timeout.ms": "3000"}
     if mode == "exactly_once":
         conf |= {"transactional.id.prefix": prefix, "kafka.transaction.timeout.ms": "10000"}
-    return parse_options(conf)
+    return task_options(conf)
 
 
 def _batch(first: int, n: int) -> pa.RecordBatch:
@@ -191,7 +191,7 @@ def test_a_write_whose_brokers_stop_answering_at_a_tasks_commit_completes_throug
             "kafka.request.timeout.ms": "3000", "transactional.id.prefix": f"{write_id}-"}
     if mode == "exactly_once":
         conf["kafka.transaction.timeout.ms"] = "10000"
-    options = parse_options({"kafka.bootstrap.servers": gated.bootstrap_servers, "topic": topic, **conf})
+    options = task_options({"kafka.bootstrap.servers": gated.bootstrap_servers, "topic": topic, **conf})
     limit = min(final_wait_s(options), DELIVERY_MS / 1000) if mode == "exactly_once" else final_wait_s(options)
     silencer = Silencer(gated, wal, silenced_nodes(gated, options, topic, mode, 2), hold_s=limit + MARGIN_S + 1)
     rows = 20_000

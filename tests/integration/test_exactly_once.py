@@ -15,9 +15,9 @@ from recoverable_sink.driver.preflight import check_cluster
 from recoverable_sink.errors import DeliveryError
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.identity import Fingerprint
-from recoverable_sink.options import parse_options
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.spark import sink_stream_writer, sink_writer
+from testing.task_options import task_options
 
 EO = {"delivery.guarantee": "exactly_once"}
 
@@ -31,7 +31,7 @@ def _markers(kafka, groups):
     """The groups among ``groups`` that hold a committed offset (a commit marker)."""
     from recoverable_sink.producer.transactions import read_markers
 
-    options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers})
+    options = task_options({"kafka.bootstrap.servers": kafka.bootstrap_servers})
     return [group for group in groups if read_markers(options, group, None)]
 
 
@@ -78,7 +78,7 @@ def test_transaction_timeout_above_the_brokers_maximum_fails_on_the_driver(spark
 
 def _eo_options(kafka, topic, prefix, wal_dir):
     """exactly_once options for a partition writer driven by hand; a wal_dir per simulated host."""
-    return parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
+    return task_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
                           "transactional.id.prefix": prefix, "wal.path": str(wal_dir)})
 
 
@@ -161,14 +161,40 @@ def test_a_retry_after_a_transaction_cut_short_sends_exactly_the_rest_in_any_ord
     assert sum(found.values()) == 2000 and set(found.values()) == {1, 2} and found[keys[10].decode()] == 2
 
 
-def test_a_retry_elsewhere_after_a_transaction_cut_short_fails_instead_of_guessing(kafka, new_topic, tmp_path):
-    """The same cut-short transaction, retried where the WAL holding its digests is not: the retry cannot
-    tell which records are missing, so it fails naming both counts and where the digests are, and sends
-    nothing; a retry back on that host then completes the partition."""
+def test_a_retry_elsewhere_after_a_transaction_cut_short_sends_exactly_the_rest(kafka, new_topic, tmp_path):
+    """The same cut-short transaction, retried where the WAL holding its digests is not: the proof topic holds them
+    (written inside the committed transaction), so the retry sends exactly the records missing."""
     topic = new_topic(1)
     plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
 
     host = partial(_host_options, kafka, topic, "short-", tmp_path)  # a WAL per simulated host
+    cluster_id = check_cluster(host("a"))
+    data = _keyed_batches(2000)
+    cut_short = open_writer(host("a"), plan, TaskIdentity("wo", 0, 0), cluster_id)
+    for batch in data[:2]:
+        cut_short.write(batch)
+    assert cut_short.commit().acknowledged == 1000
+
+    elsewhere = open_writer(host("b"), plan, TaskIdentity("wo", 0, 1), cluster_id)
+    for batch in data[::-1]:
+        elsewhere.write(batch)
+    message = elsewhere.commit()
+    assert (message.published, message.skipped) == (1000, 1000)
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=2000)
+    assert (len(found), sum(found.values())) == (2000, 2000)
+
+
+def test_without_the_proof_topic_a_retry_elsewhere_after_a_cut_short_transaction_refuses(kafka, new_topic, tmp_path):
+    """proof.kafka=false: the retry elsewhere cannot tell which records are missing, so it fails naming both counts
+    and where the digests are, and sends nothing; a retry back on that host then completes the partition."""
+    topic = new_topic(1)
+    plan = SchemaPlan(columns=("key", "value"), topic_option=topic)
+
+    def host(name):
+        return task_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
+                             "transactional.id.prefix": "short-wal-", "wal.path": str(tmp_path / name),
+                             "proof.kafka": "false"})
+
     cluster_id = check_cluster(host("a"))
     data = _keyed_batches(2000)
     cut_short = open_writer(host("a"), plan, TaskIdentity("wo", 0, 0), cluster_id)
@@ -190,17 +216,17 @@ def test_a_retry_elsewhere_after_a_transaction_cut_short_fails_instead_of_guessi
     assert (len(found), sum(found.values())) == (2000, 2000)
 
 
-
 @pytest.mark.parametrize("producer", ["native", "confluent"])
 def test_a_commit_marker_reads_back_whole_whichever_producer_wrote_it(kafka, new_topic, tmp_path, producer):
     """The marker's metadata is stored with its trailing NUL, as confluent-kafka writes it and its readers expect
     (they read up to the NUL): written without it, a retry read whatever followed in memory as part of the
     marker (undecodable metadata in 4 of 6 runs of the cut-short test above)."""
+    from recoverable_sink.producer.marker import Marker
     from recoverable_sink.producer.native import NativeProducer
     from recoverable_sink.producer.transactions import PartitionTransaction
 
     topic = new_topic(1)
-    options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
+    options = task_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, "topic": topic, **EO,
                              "transactional.id.prefix": f"marker-{producer}-", "wal.path": str(tmp_path / "wal"),
                              "producer.native": str(producer == "native").lower()})
     wal = "/a/wal/path/as/long/as/a/test's/" + "x" * 200  # a marker as long as a real one (heap past it is dirty)
@@ -209,7 +235,8 @@ def test_a_commit_marker_reads_back_whole_whichever_producer_wrote_it(kafka, new
         assert first.open(topic) is None
         assert isinstance(first.producer, NativeProducer) is (producer == "native")
         fingerprint = Fingerprint(100 + write, 2**127 + write)
-        first.commit(topic, 100 + write, 30, [f"attempt-{write}"], wal, fingerprint)
+        first.commit(Marker(write_id=f"w{write}", partition=0, topic=topic, records=100 + write,
+                            attempts=(f"attempt-{write}",), fingerprint=fingerprint, wal=wal), 30)
         retry = PartitionTransaction(options, f"w{write}", 0, "partition 0")
         assert retry.open(topic) is not None  # init_transactions, then the marker read
         retry.close()
@@ -293,15 +320,17 @@ def test_the_cli_lists_and_aborts_a_transaction_a_dead_job_left_open(kafka, new_
 def test_a_query_partition_whose_batches_went_to_two_topics_finds_its_own_batch_marker(kafka, new_topic, tmp_path):
     """A query's micro-batches share a partition's marker group, which then holds a marker per topic: a re-run of
     batch 2 (rows naming topic B) must find batch 2's marker, not batch 1's (topic A, listed first)."""
+    from recoverable_sink.producer.marker import Marker
     from recoverable_sink.producer.transactions import PartitionTransaction
 
     first, second = sorted([new_topic(1), new_topic(1)])
-    options = parse_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, **EO,
+    options = task_options({"kafka.bootstrap.servers": kafka.bootstrap_servers, **EO,
                              "transactional.id.prefix": "shared-", "wal.path": str(tmp_path / "wal")})
     for batch, topic in ((1, first), (2, second)):
         txn = PartitionTransaction(options, f"q-b{batch}", 0, "partition 0", scope="q")
         assert txn.open(None) is None
-        txn.commit(topic, 10, 30, [f"attempt-{batch}"], None, None)
+        txn.commit(Marker(write_id=f"q-b{batch}", partition=0, topic=topic, records=10,
+                          attempts=(f"attempt-{batch}",)), 30)
         txn.close()
     rerun = PartitionTransaction(options, "q-b2", 0, "partition 0", scope="q")
     assert rerun.open(None) is not None  # committed: nothing to send again

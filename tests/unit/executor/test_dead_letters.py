@@ -19,7 +19,8 @@ from recoverable_sink.options import DeadLetterTopic, FailOnRefusal, parse_optio
 from tests.unit.fakes import FakeProducer, sink_producer
 
 PLAN = SchemaPlan(columns=("key", "value", "partition"), topic_option="t")
-KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.delivery.timeout.ms": "200"}
+# proof.kafka=false: these tests script the producer, not a broker with a proof topic (test_writer_model does).
+KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.delivery.timeout.ms": "200", "proof.kafka": "false"}
 BIG = b"x" * 3000  # over topic t's limit below, under the producer's and the dead-letter topic's
 
 

@@ -22,7 +22,8 @@ from tests.unit.fakes import FakeProducer, sink_producer
 
 PLAN = SchemaPlan(columns=("key", "value"), topic_option="t")
 # A short delivery timeout: the fake never acknowledges what its budget excludes, and the sink waits that long.
-KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.delivery.timeout.ms": "200"}
+# proof.kafka=false: these tests script the producer, not a broker with a proof topic (test_writer_model does).
+KAFKA = {"kafka.bootstrap.servers": "127.0.0.1:1", "kafka.delivery.timeout.ms": "200", "proof.kafka": "false"}
 
 
 def options(wal_dir: str, **extra: str):

@@ -18,7 +18,8 @@ from recoverable_sink.options import parse_options
 from recoverable_sink.producer import transactions
 from recoverable_sink.producer.confluent import ConfluentProducer
 
-OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t", "delivery.guarantee": "exactly_once"}
+OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t", "delivery.guarantee": "exactly_once",
+           "proof.kafka": "false"}
 
 
 class _Producer:

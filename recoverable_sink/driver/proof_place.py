@@ -1,0 +1,109 @@
+"""The proof topic on the driver: where a write's tasks read its proof, and its release once Spark committed the write.
+
+- A write with a generated id is never re-run: its tasks read from where the proof partition ends as the write starts
+  (only a retry reads at all), and its driver's commit tombstones every proof record its tasks report.
+- A ``wal.writeId`` write may be re-run from any host, any day within ``proof.retentionHours``: its directory entry
+  (where its live proof starts) is found or made as it starts and written again at its end, so that it outlives the
+  write's proof; nothing releases that proof but the topic's retention.
+- A stream's tasks find their query's entry themselves (the driver does not know the query's id when it plans a
+  micro-batch); each micro-batch's commit moves the entry to where that micro-batch's proof starts, and the next
+  micro-batch's tasks release the earlier ones' (see :mod:`recoverable_sink.executor.partition_writer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pyspark.sql.datasource import WriterCommitMessage
+
+from recoverable_sink._logging import get_logger
+from recoverable_sink.contract import SinkCommitMessage
+from recoverable_sink.executor.kafka_proof import ProofStart
+from recoverable_sink.options import KafkaProof, SinkOptions
+from recoverable_sink.proof import reader, topic
+from recoverable_sink.proof.format import ChunkKey, DirectoryKey, MarkerKey, encode_directory, partition_of
+
+log = get_logger("driver")
+
+
+def start_for(options: SinkOptions, write_id: str, generated: bool) -> ProofStart | None:
+    """Where this run's tasks read the write's proof (None: no proof topic)."""
+    proof = options.proof
+    if not isinstance(proof, KafkaProof):
+        return None
+    partition = partition_of(write_id, proof.known_partitions)
+    end = reader.high_watermark(options, proof, partition)  # read before the directory, as a stream's tasks do
+    if generated:
+        return ProofStart(partition, {partition: end}, fresh=True)
+    found = reader.directory(options, proof).lookup(write_id)
+    starts = dict(found or {})
+    starts.setdefault(partition, end)
+    if found != starts:
+        _write_entry(options, proof, write_id, starts)
+    return ProofStart(partition, starts, fresh=found is None)
+
+
+def _write_entry(options: SinkOptions, proof: KafkaProof, scope: str, starts: dict[int, int]) -> None:
+    topic.produce(options, proof, [(0, DirectoryKey(scope).encode(), encode_directory(starts))],
+                  f"the directory entry of {scope}")
+
+
+def finish_write(options: SinkOptions, write_id: str, start: ProofStart | None, generated: bool,
+                 messages: Sequence[WriterCommitMessage | None]) -> None:
+    """At the driver's commit: a generated-id write's proof is released; a ``wal.writeId`` write's directory entry is
+    written again, so that it outlives the proof its tasks wrote. Best effort: what a release misses goes with the
+    topic's retention."""
+    proof = options.proof
+    if not isinstance(proof, KafkaProof) or start is None:
+        return
+    try:
+        if generated:
+            records = [(start.partition, key, None) for key in release_keys(write_id, messages)]
+            topic.produce(options, proof, records, f"the release of write {write_id}")
+        else:
+            _write_entry(options, proof, write_id, dict(start.starts))
+    except Exception as exc:  # noqa: BLE001 - the write is committed; its proof then goes with the retention
+        log.warning("write %s: the proof topic %s could not be updated (%s); its proof goes with the topic's "
+                    "retention (proof.retentionHours)", write_id, proof.topic, options.scrub(str(exc)))
+
+
+def refresh_entry(options: SinkOptions, write_id: str, start: ProofStart | None, generated: bool) -> None:
+    """At a failed write's abort: a ``wal.writeId`` write's directory entry is written again, to outlive the proof its
+    tasks wrote (a generated id is never re-run: its proof goes with the retention)."""
+    proof = options.proof
+    if isinstance(proof, KafkaProof) and start is not None and not generated:
+        try:
+            _write_entry(options, proof, write_id, dict(start.starts))
+        except Exception as exc:  # noqa: BLE001 - the abort reports the write's own failure
+            log.warning("write %s: its directory entry in the proof topic could not be written again (%s)", write_id,
+                        options.scrub(str(exc)))
+
+
+def release_keys(write_id: str, messages: Sequence[WriterCommitMessage | None]) -> list[bytes]:
+    """Every proof record of a committed write its tasks know of: their chunks and markers."""
+    keys: set[bytes] = set()
+    for m in messages:
+        if not isinstance(m, SinkCommitMessage) or m.proof_topic is None:
+            continue
+        for attempt, run, exactly_once, chunks in m.proof_chunks:
+            keys.update(ChunkKey(write_id, write_id, run, m.partition, attempt, exactly_once, n).encode()
+                        for n in range(chunks))
+        keys.add(MarkerKey(write_id, m.partition).encode())
+    return sorted(keys)
+
+
+def advance_stream(options: SinkOptions, messages: Sequence[WriterCommitMessage | None]) -> None:
+    """At a micro-batch's commit: its query's directory entry moves to where this micro-batch's proof starts, which
+    every later micro-batch's proof follows (Spark starts the next only once this one is in its commit log)."""
+    proof = options.proof
+    done = [m for m in messages if isinstance(m, SinkCommitMessage) and m.proof_topic is not None]
+    if not isinstance(proof, KafkaProof) or not done or done[0].query_id is None:
+        return
+    lows = [m.proof_low for m in done if m.proof_low is not None]
+    if not lows:
+        return
+    try:
+        _write_entry(options, proof, done[0].query_id, {done[0].proof_partition: min(lows)})
+    except Exception as exc:  # noqa: BLE001 - the next micro-batch then reads from the entry as it was
+        log.warning("query %s: its directory entry in the proof topic could not be moved on (%s)", done[0].query_id,
+                    options.scrub(str(exc)))
