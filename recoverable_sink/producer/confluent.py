@@ -29,12 +29,18 @@ class _Inbox:
     def __init__(self) -> None:
         self.failures: list[tuple[tuple[str | None, bytes | None, bytes | None], KafkaError, int]] = []
         self.written = WrittenOffsets()
+        self.complete = True  # False once a record was acknowledged without an offset (the figures are partial)
 
     def report(self, err: KafkaError | None, msg: Message) -> None:
+        topic, partition = msg.topic(), msg.partition()
         if err is not None:
-            self.failures.append(((msg.topic(), msg.key(), msg.value()), err, msg.partition()))
+            self.failures.append(((topic, msg.key(), msg.value()), err, -1 if partition is None else partition))
+            return
+        offset = msg.offset()  # None where librdkafka had no offset (RD_KAFKA_OFFSET_INVALID), as the C loop sees it
+        if topic is None or partition is None or offset is None:
+            self.complete = False
         else:
-            self.written.add(msg.topic(), msg.partition(), msg.offset(), msg.offset(), 1)
+            self.written.add(topic, partition, offset, offset, 1)
 
 
 @dataclass
@@ -93,10 +99,10 @@ class ConfluentProducer:
 
     def take_reports(self) -> Reports:
         inbox = self._inbox
-        reports = Reports(written=list(inbox.written.ranges()))
+        reports = Reports(written=list(inbox.written.ranges()), complete=inbox.complete)
         if inbox.failures:
             reports.failures = self._match(inbox.failures)
-        inbox.failures, inbox.written = [], WrittenOffsets()
+        inbox.failures, inbox.written, inbox.complete = [], WrittenOffsets(), True
         if self._sent and len(self.client) == 0:  # every record sent so far has had its report
             self._sent.clear()
             self._reported.clear()
