@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _EMPTY = pa.scalar(b"", pa.binary())
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)  # datetime.UTC is 3.11+
 _NULL_INDEX = {0: b"\x00", 1: b"\x02"}  # a union branch index as a zigzag varint
 
 
