@@ -160,5 +160,6 @@ def _unscaled(value: Decimal, scale: int) -> int:
     sign, digits, exponent = value.as_tuple()
     n = int("".join(map(str, digits)) or "0")
     shift = int(exponent) + scale
-    n = n * 10**shift if shift >= 0 else n // 10**-shift
+    factor: int = 10 ** abs(shift)
+    n = n * factor if shift >= 0 else n // factor
     return -n if sign else n
