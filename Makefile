@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP_PY := build/.stamp-python
 STAMP_JARS := build/.stamp-jars
 
-.PHONY: FORCE setup kafka-up kafka-down demo unit integration test chaos bench soak matrix dist lint clean
+.PHONY: FORCE setup kafka-up kafka-down demo typecheck unit integration test chaos bench soak matrix dist lint clean
 
 setup: $(STAMP_PY) $(STAMP_JARS)
 
@@ -46,6 +46,11 @@ kafka-down: setup
 demo: setup
 	$(PYTHON) -m demo.demo
 
+# mypy over the package, as pyproject.toml's [tool.mypy] sets it (strict, but for the modules its overrides name);
+# seconds, so make test runs it first.
+typecheck: setup
+	$(PYTHON) -m mypy
+
 # The fast tier: no JVM, no broker (options, schema, records, WAL, identity rules, CLI replay, doctests).
 unit: setup
 	$(PYTHON) -m pytest -q tests/unit --doctest-modules recoverable_sink
@@ -56,7 +61,7 @@ integration: setup
 	$(PYTHON) -m testing.spark --class-archive
 	$(PYTHON) -m pytest -q --durations=15 tests/integration
 
-test: unit integration
+test: typecheck unit integration
 
 # The fault campaign, then the resume plan's long model profile (RESUME_MODEL_EXAMPLES sequences; its seed printed,
 # RESUME_MODEL_SEED replays one).

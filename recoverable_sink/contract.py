@@ -35,8 +35,8 @@ class TaskIdentity:
 
     def wal_fields(self) -> dict[str, object]:
         """What the attempt's WAL record keeps of this identity (the fields that are set)."""
-        fields = {"run": self.run, "task_attempt_id": self.task_attempt_id, "stage": self.stage,
-                  "query_id": self.query_id, "batch_id": self.batch_id}
+        fields: dict[str, object] = {"run": self.run, "task_attempt_id": self.task_attempt_id, "stage": self.stage,
+                                     "query_id": self.query_id, "batch_id": self.batch_id}
         return {k: v for k, v in fields.items() if v is not None} | ({"generated": True} if self.generated else {})
 
     @property

@@ -57,14 +57,15 @@ def within(call: Callable[[], T], what: str, limit_s: float, bound_by: str, wait
     >>> within(lambda: 42, "a call", 1.0, "a limit", "nothing")
     42
     """
-    outcome: list[tuple[bool, object]] = []
+    returned: list[T] = []
+    raised: list[BaseException] = []
     done = threading.Event()
 
     def run() -> None:
         try:
-            outcome.append((True, call()))
+            returned.append(call())
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-            outcome.append((False, exc))
+            raised.append(exc)
         finally:
             done.set()
 
@@ -82,8 +83,6 @@ def within(call: Callable[[], T], what: str, limit_s: float, bound_by: str, wait
                    "task has reported, so no later task inherits it")
         log.error("%s", message)
         raise DeadlineExceededError(message, seconds=waited)
-    ok, value = outcome[0]
-    if not ok:
-        assert isinstance(value, BaseException)
-        raise value
-    return value  # type: ignore[return-value]
+    if raised:
+        raise raised[0]
+    return returned[0]

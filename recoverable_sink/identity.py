@@ -14,16 +14,21 @@ import hashlib
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from types import ModuleType
+from typing import NamedTuple, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+_native: ModuleType | None
 try:  # the C extension built by `pip install` (make setup); not in the spark-submit --py-files zip
     import recoverable_sink._digests as _native
 except ImportError:
     _native = None
+
+# A field of _digests.records (the stub's Field): the same bytes for every record, or (kind, column name, array).
+_Field: TypeAlias = "bytes | tuple[int, str, pa.Array]"
 
 DIGEST_SIZE = 16
 # What Kafka acknowledged of an attempt's records, by WAL segment (its first position): one byte per record, 1 once
@@ -107,7 +112,7 @@ def _native_headers(headers: pa.Array) -> pa.Array:
     return headers.cast(pa.list_(_HEADER_ITEMS))
 
 
-def _native_fields(batch: pa.RecordBatch, cluster_id: str) -> tuple[object, ...] | None:
+def _native_fields(batch: pa.RecordBatch, cluster_id: str) -> tuple[_Field, ...] | None:
     """What ``_bodies`` joins, as fields for the extension to gather record by record (no joined copy): bytes,
     or (kind, column name, Arrow array) taken through the Arrow C Data Interface. None where a null would make
     Arrow's join null a whole body (a null topic or header key, which the sink refuses before it hashes
@@ -117,7 +122,7 @@ def _native_fields(batch: pa.RecordBatch, cluster_id: str) -> tuple[object, ...]
     key = _binary(batch.column("key")) if "key" in names else pa.nulls(len(value), pa.binary())
     if names == ["key", "value"] or names == ["value"]:
         return (_FRAME, "key", key), (_FRAME, "value", value), (_VALUE, "key", key), (_VALUE, "value", value)
-    fields: list[object] = [(_FRAME, "key", key), (_VALUE, "key", key), (_FRAME, "value", value),
+    fields: list[_Field] = [(_FRAME, "key", key), (_VALUE, "key", key), (_FRAME, "value", value),
                             (_VALUE, "value", value)]
     for tag, name in ((b"p", "partition"), (b"t", "timestamp")):
         fields += [tag, (_VALUE, name, _as_text(batch.column(name)))] if name in names else [tag + b"-"]
@@ -154,7 +159,8 @@ def record_digests(batch: pa.RecordBatch, topic_option: str | None, cluster_id: 
         batch.validate()
         fields = _native_fields(batch, cluster_id)
         if fields is not None:
-            return _native.records(prefix, batch.num_rows, fields)
+            digests: bytes = _native.records(prefix, batch.num_rows, fields)
+            return digests
     return digest_all(prefix, _bodies(batch, cluster_id))
 
 
@@ -165,7 +171,8 @@ def digest_all(prefix: bytes, bodies: pa.Array) -> bytes:
         if bodies.type not in (pa.binary(), pa.large_binary(), pa.string(), pa.large_string()):
             bodies = bodies.cast(pa.binary())
         bodies.validate()  # as in record_digests
-        return _native.batch(prefix, bodies)
+        digests: bytes = _native.batch(prefix, bodies)
+        return digests
     return python_digests(prefix, bodies)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -317,7 +317,7 @@ def parse_size(name: str, value: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*([kmgt]?)b?\s*", value.lower())
     if not m:
         raise OptionError(f"option {name}={value!r} is not a size; give bytes, or a number with k, m, g or t")
-    size = int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
+    size: int = int(m.group(1)) * 1024 ** " kmgt".index(m.group(2) or " ")
     if size <= 0:
         raise OptionError(f"option {name}={value!r} must be positive")
     return size
@@ -332,7 +332,7 @@ def _parse_bool(name: str, value: str) -> bool:
     raise OptionError(f"option {name}={value!r} must be true or false")
 
 
-def parse_number(name: str, value: str, kind: type = float) -> float:
+def parse_number(name: str, value: str, kind: Callable[[str], float] = float) -> float:
     try:
         number = kind(value)
     except ValueError:

@@ -44,9 +44,9 @@ def missing_here() -> list[str]:
     return [name for name in DEPENDENCIES if importlib.util.find_spec(name) is None]
 
 
-def _local(master: str) -> bool:
+def _local(master: str | None) -> bool:
     # local[...] and local-cluster[...] run their workers on this host, so their Python can be asked here.
-    return master == "local" or master.startswith(("local[", "local-cluster["))
+    return master is not None and (master == "local" or master.startswith(("local[", "local-cluster[")))
 
 
 def _probe(python: str, pythonpath: list[str]) -> str:

@@ -79,6 +79,7 @@ def last_write(spark: SparkSession) -> dict[str, Any] | None:
     path = _path(int(jvm.java.lang.ProcessHandle.current().pid()))
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            summary: dict[str, Any] = json.load(f)
     except FileNotFoundError:
         return None
+    return summary

@@ -141,8 +141,10 @@ def _metadata(producer: Producer, options: SinkOptions, errors: list[KafkaError]
     deadline = time.monotonic() + options.preflight_timeout_s
     while True:
         try:
-            return producer.list_topics(options.topic,
-                                        timeout=max(0.1, min(_METADATA_TRY_S, deadline - time.monotonic())))
+            # confluent-kafka's stub types a producer's list_topics() as Any; it is the admin client's ClusterMetadata.
+            metadata: ClusterMetadata = producer.list_topics(
+                options.topic, timeout=max(0.1, min(_METADATA_TRY_S, deadline - time.monotonic())))
+            return metadata
         except KafkaException as exc:
             producer.poll(0)  # serves error_cb: the cause of a failed connection
             for err in errors:
@@ -314,6 +316,7 @@ def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
                          "it", dead.topic, options.scrub(str(exc)))
                 return options
             reason = options.scrub(err.str())
+        why: str | None
         if created:
             why = "it was created but is still not accessible"
         elif options.topic_must_exist:

@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import replace
 
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import BinaryType, DataType, StringType, StructType
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
@@ -63,7 +63,7 @@ def _type_of(framing: RegistryFraming) -> str:
     return "PROTOBUF" if isinstance(wire, ProtobufWire) else "JSON" if isinstance(wire, JsonWire) else "AVRO"
 
 
-def _column_type(framing: RegistryFraming, schema: StructType) -> object:
+def _column_type(framing: RegistryFraming, schema: StructType) -> DataType:
     names = {f.name: f.dataType for f in schema.fields}
     if framing.field not in names:
         raise SchemaError(f"option {framing.field}.schema.registry.url is set but the DataFrame has no "
@@ -74,7 +74,7 @@ def _column_type(framing: RegistryFraming, schema: StructType) -> object:
 def _check_binary(framing: RegistryFraming, schema: StructType, what: str) -> None:
     dtype = _column_type(framing, schema)
     if not isinstance(dtype, BinaryType):
-        raise SchemaError(f"column {framing.field} has type {dtype.simpleString()}; with "  # type: ignore[attr-defined]
+        raise SchemaError(f"column {framing.field} has type {dtype.simpleString()}; with "
                           f"{framing.field}.schema.type=protobuf the sink takes a binary column of {what}")
 
 
@@ -85,7 +85,7 @@ def _json_column(framing: RegistryFraming, schema: StructType) -> bool:
         return True
     if isinstance(dtype, StringType | BinaryType):
         return False
-    raise SchemaError(f"column {framing.field} has type {dtype.simpleString()}; with "  # type: ignore[attr-defined]
+    raise SchemaError(f"column {framing.field} has type {dtype.simpleString()}; with "
                       f"{framing.field}.schema.type=json the sink takes a struct (written as JSON by the sink) or "
                       "JSON text (to_json's output, a string or binary column)")
 

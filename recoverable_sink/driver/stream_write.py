@@ -27,7 +27,9 @@ try:
 except ImportError:  # pyspark 4.0, which has no Arrow stream writer class
     from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamWriter
 
-    class _StreamArrowWriter(DataSourceStreamWriter, DataSourceArrowWriter):  # type: ignore[no-redef]
+    # misc: the two bases' commit/abort differ (a batch's and a stream's), which pyspark 4.0's worker asks for
+    # anyway; RecoverableKafkaStreamWriter defines the stream's.
+    class _StreamArrowWriter(DataSourceStreamWriter, DataSourceArrowWriter):  # type: ignore[no-redef,misc]
         """pyspark 4.0's write worker hands Arrow batches to any writer that is a ``DataSourceArrowWriter``, a
         stream writer included (4.1 names that case ``DataSourceStreamArrowWriter``), so the sink reads the
         same input on 4.0 as on 4.1+, with no rows turned back into Arrow."""

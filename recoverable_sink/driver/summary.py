@@ -7,8 +7,9 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
+from typing import Any, TypedDict
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage
@@ -17,37 +18,60 @@ from recoverable_sink.offsets import WrittenOffsets
 
 log = get_logger("summary")
 
-_COUNTS = ("received", "published", "acknowledged", "skipped", "replayed", "diverged", "unproven")
+
+class Summary(TypedDict):
+    """A write's totals over its tasks' commit messages, in the order the JSON line has them."""
+
+    received: int
+    published: int
+    acknowledged: int
+    skipped: int
+    replayed: int
+    diverged: int
+    unproven: int
+    partitions: int
+    failed_partitions: int
+    retried_partitions: int
+    finished: list[int]
+    unfinished: list[int]
+    tasks: list[dict[str, Any]]
+    offsets: list[dict[str, object]]
+    offsets_complete: bool
+    dead_lettered: dict[str, int]
+    dead_letter_topic: str | None
 
 
-def summarize(messages: Sequence[object]) -> dict[str, object]:
+def summarize(messages: Sequence[object]) -> Summary:
     """Totals over the tasks that reported; failed tasks give None and are counted as such."""
     done = [m for m in messages if isinstance(m, SinkCommitMessage)]
-    totals: dict[str, object] = {k: sum(getattr(m, k) for m in done) for k in _COUNTS}
-    totals["partitions"] = len(messages)
-    totals["failed_partitions"] = len(messages) - len(done)
-    totals["retried_partitions"] = sum(1 for m in done if m.attempt > 0)
-    totals["finished"] = sorted(m.partition for m in done)
-    totals["unfinished"] = [i for i, m in enumerate(messages) if not isinstance(m, SinkCommitMessage)]
-    totals["tasks"] = [asdict(m) for m in done]
     # Where the records went: per topic-partition, over the tasks, the first and last offset and the records.
     written = WrittenOffsets()
     for m in done:
         for entry in m.offsets:
             written.add(*entry)
-    totals["offsets"] = [{"topic": t, "partition": p, "first": f, "last": last, "records": n}
-                         for t, p, f, last, n in written.ranges()]
-    # False where a task skipped records an earlier attempt had written (their offsets are not known) or failed.
-    totals["offsets_complete"] = len(done) == len(messages) and all(m.offsets_complete for m in done)
     dead: Counter[str] = Counter()
     for m in done:
         dead.update(m.dead_lettered)
-    totals["dead_lettered"] = dict(sorted(dead.items()))
-    totals["dead_letter_topic"] = next((m.dead_letter_topic for m in done if m.dead_letter_topic), None)
-    return totals
+    return Summary(
+        received=sum(m.received for m in done), published=sum(m.published for m in done),
+        acknowledged=sum(m.acknowledged for m in done), skipped=sum(m.skipped for m in done),
+        replayed=sum(m.replayed for m in done), diverged=sum(m.diverged for m in done),
+        unproven=sum(m.unproven for m in done),
+        partitions=len(messages), failed_partitions=len(messages) - len(done),
+        retried_partitions=sum(1 for m in done if m.attempt > 0),
+        finished=sorted(m.partition for m in done),
+        unfinished=[i for i, m in enumerate(messages) if not isinstance(m, SinkCommitMessage)],
+        tasks=[asdict(m) for m in done],
+        offsets=[{"topic": t, "partition": p, "first": f, "last": last, "records": n}
+                 for t, p, f, last, n in written.ranges()],
+        # False where a task skipped records an earlier attempt had written (their offsets are not known) or failed.
+        offsets_complete=len(done) == len(messages) and all(m.offsets_complete for m in done),
+        dead_lettered=dict(sorted(dead.items())),
+        dead_letter_topic=next((m.dead_letter_topic for m in done if m.dead_letter_topic), None),
+    )
 
 
-def write_summary(path: str | None, event: str, write_id: str, summary: dict[str, object]) -> None:
+def write_summary(path: str | None, event: str, write_id: str, summary: Mapping[str, object]) -> None:
     """Append the summary as one JSON line to ``summary.path`` (for tools and tests), if set; a commit's is also
     kept for :func:`recoverable_sink.last_write`."""
     record = {"event": event, "write_id": write_id, "time": time.time(), **summary}
@@ -60,7 +84,7 @@ def write_summary(path: str | None, event: str, write_id: str, summary: dict[str
         out.write(json.dumps(record) + "\n")
 
 
-def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = False) -> None:
+def log_commit(label: str, summary: Summary, routine_at_debug: bool = False) -> None:
     """One line per committed write; with ``routine_at_debug`` (a micro-batch), at DEBUG unless a partition was
     retried or skipped records, so a stream does not log a line per trigger at Spark's usual levels."""
     eventful = bool(summary["retried_partitions"] or summary["skipped"] or summary["replayed"])
@@ -70,7 +94,7 @@ def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = 
         label, summary["received"], summary["partitions"], summary["published"], summary["acknowledged"],
         summary["skipped"], summary["replayed"], summary["retried_partitions"],
     )
-    dead = summary.get("dead_lettered") or {}
+    dead = summary["dead_lettered"]
     if dead:
         log.warning("%s: %d records Kafka would refuse went to the dead-letter topic %s instead (%s); their headers "
                     "say why", label, sum(dead.values()), summary["dead_letter_topic"],
@@ -92,7 +116,7 @@ def wal_location(wal_path: str | None) -> tuple[str, str]:
             "Spark's local directories)", "DIR")
 
 
-def log_abort(label: str, summary: dict[str, object], wal_path: str | None, write_id: str,
+def log_abort(label: str, summary: Summary, wal_path: str | None, write_id: str,
               how_to_finish: str) -> None:
     """The abort line: which partitions finished, which did not, where their records are, what to run. At ERROR
     when some partition finished (a write left half done); at WARNING when none did, where the tasks' own error

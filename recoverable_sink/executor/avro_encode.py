@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _EMPTY = pa.scalar(b"", pa.binary())
-_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)  # datetime.UTC is 3.11+
 _NULL_INDEX = {0: b"\x00", 1: b"\x02"}  # a union branch index as a zigzag varint
 
 
@@ -160,5 +160,6 @@ def _unscaled(value: Decimal, scale: int) -> int:
     sign, digits, exponent = value.as_tuple()
     n = int("".join(map(str, digits)) or "0")
     shift = int(exponent) + scale
-    n = n * 10**shift if shift >= 0 else n // 10**-shift
+    factor: int = 10 ** abs(shift)
+    n = n * factor if shift >= 0 else n // factor
     return -n if sign else n

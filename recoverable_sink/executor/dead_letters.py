@@ -75,7 +75,7 @@ def split(batch: pa.RecordBatch, refusals: list[Refusal], dead: DeadLetterTopic,
     why = [refusals[reason[r]] for r in rows]
     topics = taken.column("topic").to_pylist() if "topic" in names else [topic_option] * len(rows)
     parts = taken.column("partition").to_pylist() if "partition" in names else [None] * len(rows)
-    extra = []
+    extra: list[list[dict[str, str | bytes]]] = []  # each record's reasons, as header entries (key, value)
     for refusal, row, topic, part in zip(why, rows, topics, parts, strict=True):
         headers = {H_TOPIC: topic or "", H_STAGE: refusal.stage, H_CLASS: _SINK_CLASS,
                    H_EXCEPTION: refusal.kind, H_MESSAGE: refusal.message(row), **context}
@@ -91,7 +91,7 @@ def _replace_topic(batch: pa.RecordBatch, topic: str) -> pa.RecordBatch:
     return batch.set_column(i, "topic", pa.array([topic] * batch.num_rows, batch.schema.field(i).type))
 
 
-def _letters(taken: pa.RecordBatch, topic: str, extra: list[list[dict[str, bytes]]]) -> pa.RecordBatch:
+def _letters(taken: pa.RecordBatch, topic: str, extra: list[list[dict[str, str | bytes]]]) -> pa.RecordBatch:
     """The dead-letter records: key, value and timestamp as they were (a timestamp Kafka refuses: none, the
     producer stamps it), the headers as they were (a null key as the empty string) followed by the reasons; no
     partition (the partitioner picks, by key)."""

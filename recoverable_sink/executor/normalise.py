@@ -59,16 +59,16 @@ def json_column(column: pa.Array) -> pa.Array:
                      for row in column.to_pylist()], pa.binary())
 
 
-def _plain(value: object, kind: pa.DataType) -> object:
-    """A value as to_pylist gives it, in the shapes JSON has."""
+def _plain(value: Any, kind: pa.DataType) -> object:
+    """A value as to_pylist gives it (its shape is ``kind``'s), in the shapes JSON has."""
     if value is None:
         return None
     if pa.types.is_struct(kind):
-        return {f.name: _plain(value[f.name], f.type) for f in kind}  # type: ignore[index]
+        return {f.name: _plain(value[f.name], f.type) for f in kind}
     if pa.types.is_map(kind):
-        return {str(k): _plain(v, kind.item_type) for k, v in value}  # type: ignore[attr-defined]
+        return {str(k): _plain(v, kind.item_type) for k, v in value}
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return [_plain(v, kind.value_type) for v in value]  # type: ignore[attr-defined]
+        return [_plain(v, kind.value_type) for v in value]
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, bytes):

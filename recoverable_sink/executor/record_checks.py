@@ -27,7 +27,8 @@ def _first(mask: pa.Array) -> int | None:
     """Index of the first true value of a boolean array, or None."""
     if not pc.any(mask).as_py():
         return None
-    return pc.index(mask, True).as_py()
+    index: int = pc.index(mask, True).as_py()
+    return index
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,11 @@ def find_refusals(batch: pa.RecordBatch, topic_option: str | None, max_message_b
             "kafka.message.max.bytes and the topic's max.message.bytes, or make the record smaller"))
     if topics is None and parts is None:
         return found  # the topic option was checked on the driver
-    distinct = [topic_option] if topics is None else [t for t in pc.unique(topics).to_pylist() if t is not None]
+    if topics is None:
+        assert topic_option is not None, "a batch without a topic column goes to the topic option"
+        distinct = [topic_option]
+    else:
+        distinct = [t for t in pc.unique(topics).to_pylist() if t is not None]
     for topic in distinct:
         in_topic = pa.array(np.ones(batch.num_rows, dtype=bool)) if topics is None else pc.equal(topics, topic)
         try:
@@ -123,14 +128,22 @@ def find_refusals(batch: pa.RecordBatch, topic_option: str | None, max_message_b
         except UnknownTopicError as exc:
             if topics is None:
                 raise  # the topic option's own topic (checked on the driver) is gone: no record is at fault
-            add("UnknownTopic", in_topic, lambda row, text=str(exc): text)
+            add("UnknownTopic", in_topic, _said(str(exc)))
             continue
         if parts is not None:
             add("PartitionOutOfRange", pc.and_(pc.greater_equal(parts, count), in_topic),
-                lambda row, topic=topic, count=count: (
-                    f"partition {parts[row].as_py()} is out of range for topic {topic}, which has {count} "
-                    f"partitions (0..{count - 1}); fix the partition column or drop it"))
+                _out_of_range(parts, topic, count))
     return found
+
+
+# Messages made by a function rather than a lambda in the loop: called later, each keeps its own values.
+def _said(text: str) -> Callable[[int], str]:
+    return lambda row: text
+
+
+def _out_of_range(parts: pa.Array, topic: str, count: int) -> Callable[[int], str]:
+    return lambda row: (f"partition {parts[row].as_py()} is out of range for topic {topic}, which has {count} "
+                        f"partitions (0..{count - 1}); fix the partition column or drop it")
 
 
 def _largest_record_bound(batch: pa.RecordBatch) -> int:
@@ -179,4 +192,7 @@ def _record_sizes(batch: pa.RecordBatch) -> pa.Array:
 
 def _varint_size(n: np.ndarray) -> np.ndarray:
     zigzag = np.where(n >= 0, 2 * n, -2 * n - 1)
-    return 1 + sum((zigzag >= 1 << (7 * k)).astype(np.int64) for k in range(1, 5))
+    size = np.ones(n.shape, dtype=np.int64)
+    for k in range(1, 5):
+        size += zigzag >= 1 << (7 * k)
+    return size

@@ -19,7 +19,8 @@ import enum
 import os
 import sys
 import threading
-from typing import IO
+from types import FrameType
+from typing import Protocol, runtime_checkable
 
 from recoverable_sink._logging import get_logger
 
@@ -42,11 +43,18 @@ _WORKER_FILE = os.path.join("pyspark", "worker.py")
 _warned: list[bool] = []
 
 
-def _worker_input() -> IO[bytes] | None:
-    frame = sys._getframe(1)
+@runtime_checkable
+class _Peekable(Protocol):
+    """The worker's input as pyspark opens it, a buffered reader; isinstance() asks only that it has ``peek``."""
+
+    def peek(self, size: int = 0, /) -> bytes: ...
+
+
+def _worker_input() -> _Peekable | None:
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         infile = frame.f_locals.get("infile")
-        if infile is not None and hasattr(infile, "peek") and (
+        if isinstance(infile, _Peekable) and (
                 frame.f_globals.get("__name__") == "pyspark.worker"
                 or frame.f_code.co_filename.endswith(_WORKER_FILE)):
             return infile

@@ -419,12 +419,13 @@ done:
     return result;
 }
 static PyMethodDef methods[] = {
+    /* Each doc opens with its signature in CPython's __text_signature__ form, checked by tests/unit/native. */
     {"batch", batch, METH_VARARGS,
-     "batch(prefix, bodies) -> bytes\n\n"
+     "batch($module, prefix, bodies, /)\n--\n\n"
      "BLAKE2b-128 of prefix + element for every element of `bodies`, an Arrow binary or string array (anything\n"
      "with __arrow_c_array__); 16 bytes per element, concatenated."},
     {"records", records, METH_VARARGS,
-     "records(prefix, count, fields) -> bytes\n\n"
+     "records($module, prefix, count, fields, /)\n--\n\n"
      "BLAKE2b-128 of prefix + the concatenation of `fields` for each of `count` records, gathered from Arrow\n"
      "arrays (see the comment above records in _digests.c); 16 bytes per record, concatenated."},
     {NULL, NULL, 0, NULL},

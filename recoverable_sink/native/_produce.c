@@ -56,23 +56,42 @@ PyObject *raise_error(rd_kafka_error_t *error) {
 
 /* ---- the type ---------------------------------------------------------------------------------------------- */
 
+/* Each doc opens with its signature in CPython's __text_signature__ form ("name($self, ...)\n--\n\n"), the
+ * parameters its PyArg_ParseTuple format takes: inspect.signature() and help() read it, and
+ * tests/unit/native/test_stubs.py checks it against both that format and the stub (_produce.pyi). */
 static PyMethodDef Producer_methods[] = {
-    {"send", (PyCFunction)Producer_send, METH_VARARGS, "Hand Arrow columns' rows to librdkafka, in order."},
-    {"poll", (PyCFunction)Producer_poll, METH_VARARGS, "Serve reports, waiting up to timeout seconds."},
-    {"flush", (PyCFunction)Producer_flush, METH_VARARGS, "Wait up to timeout for the queue to empty; returns what is left."},
-    {"purge", (PyCFunction)Producer_purge, METH_NOARGS, "Drop queued and in-flight records (reported failed)."},
-    {"close", (PyCFunction)Producer_close, METH_NOARGS, "Destroy the librdkafka handle."},
-    {"take_failures", (PyCFunction)Producer_take_failures, METH_NOARGS, "Failure reports since the last call."},
-    {"take_logs", (PyCFunction)Producer_take_logs, METH_NOARGS, "librdkafka's log lines since the last call."},
+    {"send", (PyCFunction)Producer_send, METH_VARARGS,
+     "send($self, topic, slot, value, key, topics, partitions, timestamps, headers, /)\n--\n\n"
+     "Hand Arrow columns' rows to librdkafka, in order."},
+    {"poll", (PyCFunction)Producer_poll, METH_VARARGS,
+     "poll($self, timeout=0, /)\n--\n\nServe reports, waiting up to timeout seconds."},
+    {"flush", (PyCFunction)Producer_flush, METH_VARARGS,
+     "flush($self, timeout=-1, /)\n--\n\nWait up to timeout for the queue to empty; returns what is left."},
+    {"purge", (PyCFunction)Producer_purge, METH_NOARGS,
+     "purge($self, /)\n--\n\nDrop queued and in-flight records (reported failed)."},
+    {"close", (PyCFunction)Producer_close, METH_NOARGS, "close($self, /)\n--\n\nDestroy the librdkafka handle."},
+    {"take_failures", (PyCFunction)Producer_take_failures, METH_NOARGS,
+     "take_failures($self, /)\n--\n\nFailure reports since the last call."},
+    {"take_logs", (PyCFunction)Producer_take_logs, METH_NOARGS,
+     "take_logs($self, /)\n--\n\nlibrdkafka's log lines since the last call."},
     {"take_written", (PyCFunction)Producer_take_written, METH_NOARGS,
+     "take_written($self, /)\n--\n\n"
      "Per topic-partition, the first and last offset and count acknowledged since the last call (offsets=True)."},
-    {"partition_count", (PyCFunction)Producer_partition_count, METH_VARARGS, "A topic's partition count."},
-    {"connect", (PyCFunction)Producer_connect, METH_VARARGS, "Wait until a broker answers; (error code, text)."},
-    {"init_transactions", (PyCFunction)Producer_init_transactions, METH_VARARGS, NULL},
-    {"begin_transaction", (PyCFunction)Producer_begin_transaction, METH_NOARGS, NULL},
-    {"commit_transaction", (PyCFunction)Producer_commit_transaction, METH_VARARGS, NULL},
-    {"abort_transaction", (PyCFunction)Producer_abort_transaction, METH_VARARGS, NULL},
-    {"send_marker", (PyCFunction)Producer_send_marker, METH_VARARGS, NULL},
+    {"partition_count", (PyCFunction)Producer_partition_count, METH_VARARGS,
+     "partition_count($self, topic, timeout, /)\n--\n\nA topic's partition count."},
+    {"connect", (PyCFunction)Producer_connect, METH_VARARGS,
+     "connect($self, timeout, /)\n--\n\nWait until a broker answers; (error code, text)."},
+    {"init_transactions", (PyCFunction)Producer_init_transactions, METH_VARARGS,
+     "init_transactions($self, timeout, /)\n--\n\nlibrdkafka's init_transactions, waiting up to timeout seconds."},
+    {"begin_transaction", (PyCFunction)Producer_begin_transaction, METH_NOARGS,
+     "begin_transaction($self, /)\n--\n\nlibrdkafka's begin_transaction."},
+    {"commit_transaction", (PyCFunction)Producer_commit_transaction, METH_VARARGS,
+     "commit_transaction($self, timeout, /)\n--\n\nlibrdkafka's commit_transaction, waiting up to timeout seconds."},
+    {"abort_transaction", (PyCFunction)Producer_abort_transaction, METH_VARARGS,
+     "abort_transaction($self, timeout, /)\n--\n\nlibrdkafka's abort_transaction, waiting up to timeout seconds."},
+    {"send_marker", (PyCFunction)Producer_send_marker, METH_VARARGS,
+     "send_marker($self, group, topic, partition, offset, metadata, timeout, /)\n--\n\n"
+     "One consumer-group offset into the open transaction (the commit marker)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -123,7 +142,7 @@ static PyObject *load(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"load", load, METH_VARARGS, "Open librdkafka at path; returns its version."},
+    {"load", load, METH_VARARGS, "load($module, path, /)\n--\n\nOpen librdkafka at path; returns its version."},
     {NULL, NULL, 0, NULL},
 };
 

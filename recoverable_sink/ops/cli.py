@@ -30,9 +30,9 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import TextIO
+from typing import TextIO, TypedDict
 
 from recoverable_sink._logging import configure, get_logger
 from recoverable_sink.errors import RecoverableSinkError
@@ -45,9 +45,28 @@ log = get_logger("cli")
 ENV_PREFIX = "RECOVERABLE_KAFKA_PRODUCER_"
 
 
-def describe(wal: Wal, write_id: str | None) -> list[dict[str, object]]:
+class AttemptRow(TypedDict):
+    """An attempt as ``list`` shows it."""
+
+    write_id: str
+    partition: int
+    attempt: int
+    host: str
+    state: str
+    proof_trimmed: bool
+    created: float
+    age_s: float
+    records: int
+    acknowledged: int
+    unacknowledged: int
+    bytes: int
+    topic: str | None
+    kind: str | None
+
+
+def describe(wal: Wal, write_id: str | None) -> list[AttemptRow]:
     """One row per attempt: what it logged, what Kafka acknowledged, what payload it still holds."""
-    rows = []
+    rows: list[AttemptRow] = []
     now = time.time()
     for a in wal.attempts(f"{write_id}/" if write_id else ""):
         records = acked = size = 0
@@ -62,24 +81,19 @@ def describe(wal: Wal, write_id: str | None) -> list[dict[str, object]]:
     return rows
 
 
-def totals_by_write(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+def totals_by_write(rows: Sequence[AttemptRow]) -> list[dict[str, object]]:
     """Per write: attempts, partitions, records still unacknowledged, payload held, age of the newest attempt."""
-    writes: dict[str, dict[str, object]] = {}
+    by_write: dict[str, list[AttemptRow]] = {}
     for r in rows:
-        w = writes.setdefault(str(r["write_id"]), {
-            "write_id": r["write_id"], "kind": r["kind"], "topic": r["topic"], "attempts": 0, "partitions": set(),
-            "states": set(), "records": 0, "unacknowledged": 0, "bytes": 0, "age_s": r["age_s"]})
-        w["attempts"] += 1  # type: ignore[operator]
-        w["partitions"].add(r["partition"])  # type: ignore[attr-defined]
-        w["states"].add(r["state"])  # type: ignore[attr-defined]
-        for k in ("records", "unacknowledged", "bytes"):
-            w[k] += r[k]  # type: ignore[operator]
-        w["age_s"] = min(w["age_s"], r["age_s"])  # type: ignore[type-var]
-    return [{**w, "partitions": len(w["partitions"]), "states": sorted(w["states"])}  # type: ignore[arg-type]
-            for w in writes.values()]
+        by_write.setdefault(r["write_id"], []).append(r)
+    return [{"write_id": first["write_id"], "kind": first["kind"], "topic": first["topic"], "attempts": len(rs),
+             "partitions": len({r["partition"] for r in rs}), "states": sorted({r["state"] for r in rs}),
+             "records": sum(r["records"] for r in rs), "unacknowledged": sum(r["unacknowledged"] for r in rs),
+             "bytes": sum(r["bytes"] for r in rs), "age_s": min(r["age_s"] for r in rs)}
+            for rs in by_write.values() for first in rs[:1]]
 
 
-def _table(rows: list[dict[str, object]], columns: list[str]) -> str:
+def _table(rows: Sequence[Mapping[str, object]], columns: list[str]) -> str:
     cells = [[str(r[c]) if r[c] is not None else "-" for c in columns] for r in rows]
     widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]

@@ -140,8 +140,10 @@ def transactions(client: dict[str, str], prefix: str, timeout_s: float = 30) -> 
             if tid is not None and tid.startswith(prefix):
                 value = msg.value()
                 latest[tid] = parse_value(tid, value) if value is not None else None  # None: expired
-            if msg.offset() + 1 >= ends[msg.partition()]:
-                pending.discard(msg.partition())
+            offset, partition = msg.offset(), msg.partition()
+            assert offset is not None and partition is not None, "a record read from a partition has both"
+            if offset + 1 >= ends[partition]:
+                pending.discard(partition)
         return sorted((s for s in latest.values() if s is not None), key=lambda s: s.transactional_id)
     except KafkaException as exc:
         raise RecoverableSinkError(f"reading {TRANSACTION_LOG}: {exc}") from None

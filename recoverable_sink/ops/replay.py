@@ -60,7 +60,8 @@ def cluster_id_of(kafka: dict[str, str], timeout_s: float = 30.0) -> str:
 
     options = parse_options(kafka)
     try:
-        cluster_id = AdminClient(client_config(options)).list_topics(timeout=timeout_s).cluster_id
+        # A copy: confluent-kafka's stub asks for a dict of any config value type, which a dict[str, str] is not.
+        cluster_id = AdminClient({**client_config(options)}).list_topics(timeout=timeout_s).cluster_id
     except KafkaException as exc:
         raise DeliveryError(f"replay: the brokers {options.bootstrap_servers} did not answer: "
                             f"{options.scrub(str(exc))}") from None

@@ -5,7 +5,7 @@ Interface (:func:`producer_columns`), or the per-record lists confluent-kafka's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 
@@ -43,10 +43,10 @@ def to_records(batch: pa.RecordBatch) -> KafkaRecords:
     )
 
 
-Column = pa.Array | None
+Column: TypeAlias = "pa.Array | None"
 
 
-def producer_columns(batch: pa.RecordBatch) -> tuple[Column, Column, Column, Column, Column, Column]:
+def producer_columns(batch: pa.RecordBatch) -> tuple[pa.Array, Column, Column, Column, Column, Column]:
     """A normalised batch as the native producer's arguments: the Arrow arrays of value, key, topic, partition
     (int32), timestamp (int64) and headers (a list of structs), None where the batch has no such column. The
     extension takes them through the Arrow C Data Interface; nothing is copied."""
@@ -72,13 +72,13 @@ def producer_columns(batch: pa.RecordBatch) -> tuple[Column, Column, Column, Col
         if not all(_is_binary(f.type) for f in headers.type.value_type):
             headers = headers.cast(pa.list_(pa.struct([(f.name, f.type if _is_binary(f.type) else pa.binary())
                                                        for f in headers.type.value_type])))
-    return (binary("value"), binary("key"), binary("topic"), integer("partition", pa.int32()),
+    return (_binary(batch.column("value")), binary("key"), binary("topic"), integer("partition", pa.int32()),
             integer("timestamp", pa.int64()), headers)
 
 
 def _is_binary(kind: pa.DataType) -> bool:
-    return (pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind)
-            or pa.types.is_large_string(kind))
+    return bool(pa.types.is_binary(kind) or pa.types.is_string(kind) or pa.types.is_large_binary(kind)
+                or pa.types.is_large_string(kind))
 
 
 def _binary(array: pa.Array) -> pa.Array:

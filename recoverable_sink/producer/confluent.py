@@ -6,10 +6,10 @@ compiler) or ``producer.native=false``; failure reports are matched to records b
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import length_hint
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -22,6 +22,23 @@ from recoverable_sink.producer.reports import Failure, Reports, Stopped
 FailureReport = Callable[[KafkaError | None, Message], None]  # confluent-kafka's on_delivery
 
 
+class Client(Protocol):
+    """What :class:`ConfluentProducer` calls on its client: confluent-kafka's ``Producer``, or a test's stand-in."""
+
+    def produce(self, *args: Any, **kwargs: Any) -> None: ...
+    def poll(self, timeout: float = ...) -> int: ...
+    def flush(self, timeout: float = ...) -> int: ...
+    def __len__(self) -> int: ...
+    def purge(self) -> None: ...
+    def list_topics(self, topic: str | None = ..., timeout: float = ...) -> Any: ...
+    def init_transactions(self, timeout: float = ...) -> None: ...
+    def begin_transaction(self) -> None: ...
+    def send_offsets_to_transaction(self, positions: list[TopicPartition], group_metadata: Any,
+                                    timeout: float = ...) -> None: ...
+    def commit_transaction(self, timeout: float = ...) -> None: ...
+    def abort_transaction(self, timeout: float = ...) -> None: ...
+
+
 class _Inbox:
     """What the client's delivery callback left since the reports were last taken: failures by content (topic,
     key, value: confluent-kafka's reports carry no record number) and acknowledged offsets."""
@@ -29,12 +46,18 @@ class _Inbox:
     def __init__(self) -> None:
         self.failures: list[tuple[tuple[str | None, bytes | None, bytes | None], KafkaError, int]] = []
         self.written = WrittenOffsets()
+        self.complete = True  # False once a record was acknowledged without an offset (the figures are partial)
 
     def report(self, err: KafkaError | None, msg: Message) -> None:
+        topic, partition = msg.topic(), msg.partition()
         if err is not None:
-            self.failures.append(((msg.topic(), msg.key(), msg.value()), err, msg.partition()))
+            self.failures.append(((topic, msg.key(), msg.value()), err, -1 if partition is None else partition))
+            return
+        offset = msg.offset()  # None where librdkafka had no offset (RD_KAFKA_OFFSET_INVALID), as the C loop sees it
+        if topic is None or partition is None or offset is None:
+            self.complete = False
         else:
-            self.written.add(msg.topic(), msg.partition(), msg.offset(), msg.offset(), 1)
+            self.written.add(topic, partition, offset, offset, 1)
 
 
 @dataclass
@@ -58,7 +81,8 @@ class ConfluentProducer:
 
     kind = "confluent"
 
-    def __init__(self, make_client: Callable[[FailureReport], Any], client_conf: dict[str, Any] | None = None) -> None:
+    def __init__(self, make_client: Callable[[FailureReport], Client],
+                 client_conf: dict[str, Any] | None = None) -> None:
         """``make_client(on_delivery)``: the client, made to report its deliveries to ``on_delivery``."""
         # The client holds a bound method of the inbox, not of this producer: no cycle for the garbage collector.
         self._inbox = _Inbox()
@@ -93,10 +117,10 @@ class ConfluentProducer:
 
     def take_reports(self) -> Reports:
         inbox = self._inbox
-        reports = Reports(written=list(inbox.written.ranges()))
+        reports = Reports(written=list(inbox.written.ranges()), complete=inbox.complete)
         if inbox.failures:
             reports.failures = self._match(inbox.failures)
-        inbox.failures, inbox.written = [], WrittenOffsets()
+        inbox.failures, inbox.written, inbox.complete = [], WrittenOffsets(), True
         if self._sent and len(self.client) == 0:  # every record sent so far has had its report
             self._sent.clear()
             self._reported.clear()
@@ -111,8 +135,8 @@ class ConfluentProducer:
         for sent in self._sent:
             records = to_records(sent.batch)
             n = len(records)
-            fields = list(zip(records.topics or [sent.topic] * n, records.keys or [None] * n, records.values,
-                              strict=True))
+            topics: Sequence[str | None] = [sent.topic] * n if not records.topics else records.topics
+            fields = list(zip(topics, records.keys or [None] * n, records.values, strict=True))
             chosen = fields if sent.rows is None else [fields[i] for i in sent.rows]
             for i, (t, k, v) in enumerate(chosen[:sent.taken]):
                 found = errors.get((t, _b(k), _b(v)))
@@ -181,9 +205,9 @@ class ConfluentProducer:
         self.client.abort_transaction(timeout_s)
 
 
-def _b(data: object) -> bytes | None:
+def _b(data: str | bytes | None) -> bytes | None:
     """A field as the producer sent it (str is sent as UTF-8)."""
-    return data.encode() if isinstance(data, str) else data  # type: ignore[return-value]
+    return data.encode() if isinstance(data, str) else data
 
 
 # produce()'s own defaults for its optional positional arguments: key, partition, on_delivery, callback,
@@ -207,14 +231,14 @@ def _arguments(records: KafkaRecords, topic: str | None, rows: list[int] | None)
         records.headers,
     ]
     given = max((i + 1 for i, column in enumerate(optional) if column is not None), default=0)
-    columns = [records.topics if records.topics is not None else [topic] * n, records.values]
+    columns: list[list[Any]] = [[topic] * n if records.topics is None else records.topics, records.values]
     columns += [column if column is not None else [_DEFAULTS[i]] * n for i, column in enumerate(optional[:given])]
     if rows is not None:
         columns = [[column[i] for i in rows] for column in columns]
     return columns
 
 
-def _send_in_order(producer: Producer, columns: list[list[Any]]) -> None:
+def _send_in_order(producer: Client, columns: list[list[Any]]) -> None:
     """Call ``produce`` once per row of ``columns`` (its positional arguments, column by column), from C.
     When librdkafka's queue is full the row that did not fit is retried (serving reports) before any later
     row is tried, so rows are handed over in order. Raises Stopped when anything else stops it."""
@@ -236,7 +260,7 @@ def _send_in_order(producer: Producer, columns: list[list[Any]]) -> None:
                 raise Stopped(i, failed) from None
 
 
-def _send_when_room(producer: Producer, *record: object) -> None:
+def _send_when_room(producer: Client, *record: Any) -> None:
     """librdkafka's local queue is full: serve reports until it takes the record (nothing is dropped)."""
     while True:
         producer.poll(0.05)

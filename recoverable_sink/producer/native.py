@@ -10,7 +10,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import confluent_kafka
 import pyarrow as pa
@@ -19,6 +19,9 @@ from confluent_kafka import KafkaError, KafkaException
 from recoverable_sink._logging import get_logger
 from recoverable_sink.producer.arguments import producer_columns
 from recoverable_sink.producer.reports import Failure, Reports, Stopped
+
+if TYPE_CHECKING:  # the extension is optional at run time; its stub types the handle
+    from recoverable_sink import _produce
 
 log = get_logger("producer")
 _librdkafka_log = get_logger("librdkafka")  # librdkafka's own lines; producer.confluent routes its own there too
@@ -90,7 +93,7 @@ class NativeProducer:
             raise RuntimeError("the _produce extension is not available")
         # offsets=True: acknowledged records are reported too, folded in C into each topic-partition's first and
         # last offset (the write's summary says where its records went).
-        self._p = module.Producer({k: str(v) for k, v in conf.items()}, offsets=True)
+        self._p: _produce.Producer = module.Producer({k: str(v) for k, v in conf.items()}, offsets=True)
 
     def _logs(self) -> None:
         for level, line in self._p.take_logs():  # kept in C: librdkafka's threads cannot call Python

@@ -33,7 +33,8 @@ def says_missing(err: object) -> TypeGuard[KafkaError]:
 def create_as_brokers_would(options: SinkOptions, topic: str, timeout_s: float) -> str | None:
     """Create ``topic`` with the brokers' defaults if they auto-create topics: None once it exists with leaders, else
     why it was not created (the brokers do not auto-create, or refused), for the caller's error."""
-    admin = AdminClient(client_config(options))
+    # A copy: confluent-kafka's stub asks for a dict of any config value type, which a dict[str, str] is not.
+    admin = AdminClient({**client_config(options)})
     wait_s = timeout_s + MARGIN_S  # past the requests' own timeouts: an answer that never came
     try:
         brokers = sorted(admin.list_topics(timeout=timeout_s).brokers)

@@ -10,7 +10,8 @@ import resource
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
+from typing import Any, Literal, overload
 
 import lmdb
 
@@ -79,7 +80,7 @@ class Transactions:
         self.env = env
         self._gate = gate if gate is not None else Gate()
 
-    def _write(self, body: Callable[[lmdb.Transaction], None]) -> None:
+    def _write(self, body: Callable[[lmdb.Transaction[bytes]], None]) -> None:
         """Run ``body`` in one write transaction; a full map is grown (up to :func:`map_size`) and the body run
         again from scratch (the aborted transaction left nothing), so bodies must only touch the transaction."""
         while True:
@@ -95,13 +96,22 @@ class Transactions:
             except lmdb.Error as exc:
                 raise _wal_error(self.path, exc) from None
 
+    # Typed per mode so that a caller's keys and values are bytes, or memoryviews only where it asked for them.
+    @overload
+    def _read(self, buffers: Literal[False] = False) -> AbstractContextManager[lmdb.Transaction[bytes]]: ...
+    @overload
+    def _read(self, buffers: Literal[True]) -> AbstractContextManager[lmdb.Transaction[memoryview]]: ...
+    @overload
+    def _read(self, buffers: bool) -> AbstractContextManager[lmdb.Transaction[bytes | memoryview]]: ...
+
     @contextmanager
-    def _read(self, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+    def _read(self, buffers: bool = False) -> Iterator[lmdb.Transaction[Any]]:
         """A read transaction; ``buffers``: values as views into the map (valid only inside it), not copies."""
         while True:
             with self._gate.txn():
+                txn: lmdb.Transaction[Any] | None
                 try:
-                    txn = self.env.begin(buffers=buffers)
+                    txn = self.env.begin(buffers=True) if buffers else self.env.begin()
                 except lmdb.MapResizedError:
                     txn = None
                 except lmdb.Error as exc:

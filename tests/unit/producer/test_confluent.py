@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 
 from recoverable_sink.errors import RecordError
 from recoverable_sink.producer.ledger import Ledger
@@ -116,3 +116,20 @@ def test_a_failure_report_that_names_no_record_sent_fails_every_record_since_the
     fake.queue.clear()
     ledger.drain(1)
     assert (bytes(ledger.take_changes()[0]), ledger.failed) == (b"\0\0", 2)
+
+
+def test_reports_without_an_offset_or_a_partition_leave_the_offsets_partial_and_name_no_partition():
+    """confluent-kafka's Message gives None for an offset librdkafka did not have (RD_KAFKA_OFFSET_INVALID) and for
+    a partition never assigned: the written offsets are marked partial, as the C loop marks them, and a failure names
+    no partition, rather than either ending in a TypeError."""
+    fake = FakeProducer(ack_budget=0)
+    producer = sink_producer(fake)
+    producer.send(pa.RecordBatch.from_pydict({"value": [b"a", b"b"]}), "t", 0, None)
+    fake.on_delivery(None, Message(topic="t", partition=0, offset=5, value=b"a"))
+    fake.on_delivery(None, Message(topic="t", partition=0, offset=-1001, value=b"a"))
+    fake.on_delivery(KafkaError(KafkaError._MSG_TIMED_OUT), Message(topic="t", partition=-1, value=b"b"))
+    reports = producer.take_reports()
+    assert (reports.written, reports.complete) == ([("t", 0, 5, 5, 1)], False)
+    assert [(f.index, f.partition) for f in reports.failures] == [(1, -1)]
+    assert "partition not yet assigned" in reports.failures[0].describe()
+    assert producer.take_reports().complete is True  # partial figures are a take's, not the producer's for ever
