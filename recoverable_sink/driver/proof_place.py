@@ -58,7 +58,8 @@ def finish_write(options: SinkOptions, write_id: str, start: ProofStart | None, 
         return
     try:
         if generated:
-            records = [(start.partition, key, None) for key in release_keys(write_id, messages)]
+            records: list[tuple[int, bytes, bytes | None]] = [
+                (start.partition, key, None) for key in release_keys(write_id, messages)]
             topic.produce(options, proof, records, f"the release of write {write_id}")
         else:
             _write_entry(options, proof, write_id, dict(start.starts))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import suppress
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import pyarrow as pa
 
@@ -149,7 +149,7 @@ class AttemptLog:
         self.key: str | None = None
         self.seq: int | None = None  # the order this attempt began in on the host, once begun
         self._last_store: Future[Stored] | None = None
-        self._last_job: Future[object] | None = None  # the newest store or acknowledgement save queued
+        self._last_job: Future[Any] | None = None  # the newest store or acknowledgement save queued
         self._failed: BaseException | None = None  # a failed store or save: no later batch enters the log
         self._save_failed: BaseException | None = None
         # Bitmaps taken from the ledger whose write failed: the ledger forgets a fully acknowledged segment once
@@ -219,7 +219,8 @@ class AttemptLog:
             try:
                 if self._failed is not None:  # a refused batch lets no later batch into the log
                     raise self._failed
-                ids = digests if hashed is None else hashed.result()
+                ids = hashed.result() if hashed is not None else digests
+                assert ids is not None
                 if hashed is not None:
                     fingerprint.add(ids)
                 return Stored(wal.append(key, first, batch, ids, max_bytes, acks), ids)

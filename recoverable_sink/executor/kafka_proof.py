@@ -124,8 +124,8 @@ class KafkaProofLog:
         if not proven or self.ident.run is None:
             return NoClaims()
         view = self.view()
-        read_from = view.own_run_from if view.own_run_from is not None else \
-            reader.high_watermark(self.options, self.proof, self.partition)
+        found = view.own_runs_from.get(self.partition)
+        read_from = found if found is not None else reader.high_watermark(self.options, self.proof, self.partition)
         return KafkaClaims(self.options, self.proof, view, self.ident.partition, self.partition, read_from, proven)
 
     # ---- writing ---------------------------------------------------------------------------------------------

@@ -286,7 +286,8 @@ class PartitionWriter:
 
     def _follow(self, found: Plan) -> Phase:
         """Carry out a resume plan: what to skip by, or the stand-down or refusal (nothing sent)."""
-        self._follow_early(found)
+        if isinstance(found, StandDown):
+            raise (InputCutShortError if found.by_retry else StaleAttemptError)(found.reason)
         assert not isinstance(found, Wait)
         if isinstance(found, Refuse):
             raise RerunRefusedError(found.message)
@@ -591,11 +592,12 @@ class PartitionWriter:
                 self.mode.before_send()
                 self.ledger.send_proof(self.proof.marker_batch(marker), self.proof.topic)
             self._checkpoint(wait_s=final_wait_s(self.options))
-            problem = ledger.proof_failure() or (f"{ledger.proof_outstanding} proof records unacknowledged at the "
-                                                 "deadline" if ledger.proof_outstanding else None)
-            if problem is not None:
+            unwritten = ledger.proof_failure()
+            if unwritten is None and ledger.proof_outstanding:
+                unwritten = f"{ledger.proof_outstanding} proof records unacknowledged at the deadline"
+            if unwritten is not None:
                 raise DeliveryError(f"{self.where}: its proof of delivery could not be written to the proof topic "
-                                    f"{self.proof.topic} ({self.options.scrub(problem)}), so a retry or re-run on "
+                                    f"{self.proof.topic} ({self.options.scrub(unwritten)}), so a retry or re-run on "
                                     "another host could not tell what this attempt delivered; check that this "
                                     "principal may WRITE it (or set proof.kafka=false)")
         sent = self.mode.finish(Commit(marker=marker, produced=produced))

@@ -119,7 +119,7 @@ def delivered(takes: Sequence[Take], wal: Wal | None, remote: RemoteSegments) ->
     found = DeliveredSet()
     for take in takes:
         prior = take.prior
-        local: dict[int, tuple[bytes, bytes | None]] = {}
+        local: dict[int, tuple[bytes, bytes | bytearray | None]] = {}
         if wal is not None and prior.key is not None and not prior.trimmed:
             for seg in wal.segments(prior.key, payload=False):
                 local[seg.first] = (seg.digests, seg.acked)
@@ -143,7 +143,10 @@ def delivered(takes: Sequence[Take], wal: Wal | None, remote: RemoteSegments) ->
 class Claims(Protocol):
     """Other runs' proof, taken batch by batch under the run's claims."""
 
-    records: int
+    @property
+    def records(self) -> int:
+        """Delivered records the other runs proved, in all partitions."""
+        ...
 
     def __bool__(self) -> bool: ...
 
@@ -155,7 +158,9 @@ class Claims(Protocol):
 class NoClaims:
     """Not a re-run (or nothing proven by another run): nothing to take."""
 
-    records = 0
+    @property
+    def records(self) -> int:
+        return 0
 
     def __bool__(self) -> bool:
         return False

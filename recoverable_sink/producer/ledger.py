@@ -130,6 +130,8 @@ class Ledger:
             try:
                 taken = self.producer.send(batch, topic, slot, None)
             except Stopped as stop:
+                if not isinstance(stop.cause, KafkaException):
+                    raise stop.cause from None
                 raise refused(stop.cause, 0, topic, stop.partition, self.scrub, None) from None
         self._proof_slots[slot] = taken
         self.proof_sent += taken

@@ -109,10 +109,13 @@ def read_range(c: Consumer, topic: str, partition: int, start: int, end: int, de
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise KafkaException(err)
-            if m.offset() >= end:
+            offset = m.offset()
+            if offset is None:
+                continue
+            if offset >= end:
                 c.unassign()
                 return
-            feed(m.offset(), m.key(), m.value())
+            feed(offset, m.key(), m.value())
         position = c.position([TopicPartition(topic, partition)])[0].offset
         if position >= end:
             c.unassign()
@@ -125,21 +128,29 @@ def read_view(options: SinkOptions, proof: KafkaProof, view: ProofView, starts: 
     limit = read_limit_s(options)
     deadline = time.monotonic() + limit
     try:
+        ends: dict[int, int] = {}
+        froms: dict[int, int | None] = {}
+        committed: list[int] = []
         with consumer(options, committed=False) as first:
-            ends: dict[int, int] = {}
             for partition, start in sorted(starts.items()):
                 low, high = partition_ends(first, TopicPartition(proof.topic, partition), deadline)
                 if low > start:
                     view.truncated = True  # retention deleted what the write's proof was to start with
                 ends[partition] = high
+                view.own_run_from, view.needs_committed = None, False
                 read_range(first, proof.topic, partition, max(start, low), high, deadline, view.first_pass)
-        if not view.needs_committed:
-            return view
-        with consumer(options, committed=True) as second:
-            for partition, start in sorted(starts.items()):
-                until = view.own_run_from if view.own_run_from is not None else ends[partition]
-                _wait_stable(second, proof.topic, partition, until, deadline, limit)
-                read_range(second, proof.topic, partition, start, until, deadline, view.second_pass)
+                froms[partition] = view.own_run_from
+                if view.needs_committed:
+                    committed.append(partition)
+        view.own_runs_from = froms
+        if committed:
+            with consumer(options, committed=True) as second:
+                for partition in committed:
+                    found = froms[partition]
+                    until = ends[partition] if found is None else found
+                    wait_stable(second, proof.topic, partition, until, deadline, limit)
+                    read_range(second, proof.topic, partition, starts[partition], until, deadline,
+                               view.second_pass)
     except (KafkaException, TimeoutError) as exc:
         raise DeliveryError(
             f"the proof topic {proof.topic} could not be read within {limit:.0f} s (from kafka.delivery.timeout.ms): "
@@ -147,7 +158,7 @@ def read_view(options: SinkOptions, proof: KafkaProof, view: ProofView, starts: 
     return view
 
 
-def _wait_stable(c: Consumer, topic: str, partition: int, until: int, deadline: float, limit: float) -> None:
+def wait_stable(c: Consumer, topic: str, partition: int, until: int, deadline: float, limit: float) -> None:
     """Return once the partition's last stable offset reached ``until``: every transaction below it has ended, so a
     read_committed read sees exactly the committed ones."""
     tp = TopicPartition(topic, partition)

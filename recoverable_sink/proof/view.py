@@ -77,7 +77,8 @@ class ProofView:
     markers: dict[int, Marker] = field(default_factory=dict)  # this write's committed markers, by partition
     claims: list[Claim] = field(default_factory=list)  # this run's, in the log's order
     latest_micro_batch: int | None = None  # of the query, among every record of the scope
-    own_run_from: int | None = None  # X: the first offset of a record of this run (per partition read)
+    own_run_from: int | None = None  # X: the first offset of a record of this run in the partition being read
+    own_runs_from: dict[int, int | None] = field(default_factory=dict)  # X of each partition read
     low: int | None = None  # the lowest offset of a record of this write seen
     truncated: bool = False  # retention deleted records where the write's proof was to start
     older: list[tuple[int, bytes]] = field(default_factory=list)  # (partition, key) of earlier micro-batches' proof

@@ -85,7 +85,7 @@ class Wal(Transactions):
         tail = f"{attempt:03d}-{uuid.uuid4().hex[:8]}"
         made: list[str] = []
 
-        def body(txn: lmdb.Transaction) -> None:  # run again whole if LMDB retries the transaction
+        def body(txn: lmdb.Transaction[bytes]) -> None:  # run again whole if LMDB retries the transaction
             last = txn.get(SEQUENCE_KEY)
             seq = (int.from_bytes(last, "big") if last else 0) + 1
             txn.put(SEQUENCE_KEY, seq.to_bytes(8, "big"))
@@ -143,7 +143,7 @@ class Wal(Transactions):
 
     def set_state(self, attempt_key: str, state: AttemptState, acks: dict[int, bytearray] | None = None) -> None:
         """Move an attempt to ``logged`` or ``done``, with the acknowledgement bitmaps that changed."""
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             self._put_acks(txn, attempt_key, acks or {})
             self._set_state(txn, attempt_key, state)
 
@@ -152,29 +152,29 @@ class Wal(Transactions):
 
     def set_published(self, attempt_key: str) -> None:
         """Note that the proof topic holds this attempt's whole proof of delivery."""
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_published().encode())
 
         self._write(body)
 
     def end_attempt(self, attempt_key: str) -> None:
         """Note that a failed attempt stopped sending, its acknowledgements saved: a retry waiting for it goes on."""
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_end(time.time()).encode())
 
         self._write(body)
 
-    def _require_attempt(self, txn: lmdb.Transaction, attempt_key: str) -> bytes:
+    def _require_attempt(self, txn: lmdb.Transaction[bytes], attempt_key: str) -> bytes:
         raw = txn.get(meta_key(attempt_key))
         if raw is None:
             raise WalError(f"WAL {self.path}: attempt {attempt_key} is no longer in the log (purged while it ran?); "
                            "this attempt stops before sending anything more, and its retry starts afresh")
         return raw
 
-    def _record(self, txn: lmdb.Transaction, attempt_key: str) -> AttemptInfo:
+    def _record(self, txn: lmdb.Transaction[bytes], attempt_key: str) -> AttemptInfo:
         return decode_attempt(self.path, attempt_key, self._require_attempt(txn, attempt_key))
 
-    def _set_state(self, txn: lmdb.Transaction, attempt_key: str, state: AttemptState) -> None:
+    def _set_state(self, txn: lmdb.Transaction[bytes], attempt_key: str, state: AttemptState) -> None:
         txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_state(state, time.time()).encode())
 
     # ---- writing --------------------------------------------------------------------------------------
@@ -190,7 +190,7 @@ class Wal(Transactions):
         seg_key = segment_key(prefix, first)
         check_room(self.path, value.size)
 
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             self._require_attempt(txn, attempt_key)  # nothing of an attempt that is gone may enter the log
             self._put_acks(txn, attempt_key, acks)  # may free bytes: fully acknowledged segments drop payload
             used = int(txn.get(USAGE_KEY) or b"0")
@@ -214,14 +214,14 @@ class Wal(Transactions):
     def save_acks(self, attempt_key: str, acks: dict[int, bytearray]) -> None:
         """Durably store acknowledgement bitmaps (segment first position -> bitmap)."""
         if acks:
-            def body(txn: lmdb.Transaction) -> None:
+            def body(txn: lmdb.Transaction[bytes]) -> None:
                 self._require_attempt(txn, attempt_key)
                 self._put_acks(txn, attempt_key, acks)
 
             self._write(body)
             self._forget_compacted(attempt_key, acks)
 
-    def _put_acks(self, txn: lmdb.Transaction, attempt_key: str, acks: dict[int, bytearray]) -> None:
+    def _put_acks(self, txn: lmdb.Transaction[bytes], attempt_key: str, acks: dict[int, bytearray]) -> None:
         prefix = attempt_key.encode()
         freed = 0
         for seg_first, bitmap in acks.items():
@@ -240,7 +240,7 @@ class Wal(Transactions):
             if 0 not in bitmap:
                 self._appended.pop(segment_key(prefix, seg_first), None)
 
-    def _compact(self, txn: lmdb.Transaction, seg_key: bytes, acked: bytes | bytearray) -> int:
+    def _compact(self, txn: lmdb.Transaction[bytes], seg_key: bytes, acked: bytes | bytearray) -> int:
         """Rewrite a segment as the digests of its acknowledged records alone; returns the payload bytes freed."""
         known = self._appended.get(seg_key)
         if known is not None and 0 not in acked:
@@ -263,7 +263,7 @@ class Wal(Transactions):
         return payload_len(value)
 
     @staticmethod
-    def _release(txn: lmdb.Transaction, freed: int) -> None:
+    def _release(txn: lmdb.Transaction[bytes], freed: int) -> None:
         """Take ``freed`` payload bytes off the usage counter."""
         used = int(txn.get(USAGE_KEY) or b"0")
         txn.put(USAGE_KEY, str(max(0, used - freed)).encode())
@@ -272,13 +272,16 @@ class Wal(Transactions):
         """A successful attempt: mark it done; drop what the attempts it superseded still hold beyond the
         digests of records Kafka acknowledged to them (its own records were all acknowledged), and delete the
         ``dropped`` attempts altogether, in the same transaction."""
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             freed = self._delete(txn, dropped or [])
             for key in superseded:
                 for entry in self._segment_entries(txn, key):
                     if entry.all_acked:
                         continue
-                    seg = self._decode(entry.key, txn.get(entry.key), txn.get(entry.ack), payload=False)
+                    value = txn.get(entry.key)
+                    if value is None:
+                        continue
+                    seg = self._decode(entry.key, value, txn.get(entry.ack), payload=False)
                     freed += self._compact(txn, entry.key, seg.acked)
                     txn.delete(entry.ack)
                 if txn.get(meta_key(key)) is not None:
@@ -301,7 +304,7 @@ class Wal(Transactions):
         result: list[bool] = []
         counted: Counter[bytes] = Counter()
 
-        def body(txn: lmdb.Transaction) -> None:  # run again whole if LMDB retries the transaction
+        def body(txn: lmdb.Transaction[bytes]) -> None:  # run again whole if LMDB retries the transaction
             found, now = claim_copies(digests, partition, proven, taken, _Claims(txn, prefix))
             result[:] = found
             counted.clear()
@@ -317,7 +320,7 @@ class Wal(Transactions):
             return 0
         freed = 0
 
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             nonlocal freed
             freed = self._delete(txn, attempt_keys)
             self._release(txn, freed)
@@ -325,7 +328,7 @@ class Wal(Transactions):
         self._write(body)
         return freed
 
-    def _delete(self, txn: lmdb.Transaction, attempt_keys: list[str]) -> int:
+    def _delete(self, txn: lmdb.Transaction[bytes], attempt_keys: list[str]) -> int:
         """Delete attempts' metadata, segments and bitmaps; returns the payload bytes freed (the caller
         updates the usage counter)."""
         freed = 0
@@ -356,7 +359,7 @@ class Wal(Transactions):
     def trim_proof(self, attempt_keys: list[str]) -> None:
         """Delete the segments and bitmaps of attempts holding only proof of delivery, keeping their records,
         marked trimmed, so that a later attempt still knows what they were (one transaction)."""
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             for key in attempt_keys:
                 value = txn.get(meta_key(key))
                 if value is None:
@@ -373,7 +376,7 @@ class Wal(Transactions):
         """Delete the re-run claims of writes that have no attempt left here. Only the retention sweep calls
         this: a task that read the earlier runs' proof and has yet to claim from it must find the claims other
         partitions made meanwhile, which a purge of the write's last attempts must not take away."""
-        def body(txn: lmdb.Transaction) -> None:
+        def body(txn: lmdb.Transaction[bytes]) -> None:
             for write_id in write_ids:
                 start = meta_key(f"{write_id}/")
                 cursor = txn.cursor()
@@ -385,7 +388,7 @@ class Wal(Transactions):
             self._write(body)
 
     @staticmethod
-    def _delete_range(txn: lmdb.Transaction, prefix: bytes) -> None:
+    def _delete_range(txn: lmdb.Transaction[bytes], prefix: bytes) -> None:
         cursor = txn.cursor()
         if not cursor.set_range(prefix):
             return
@@ -464,7 +467,7 @@ class Wal(Transactions):
                     total += record_count(v)
         return total
 
-    def _segment_entries(self, txn: lmdb.Transaction, attempt_key: str) -> list[_Entry]:
+    def _segment_entries(self, txn: lmdb.Transaction[bytes], attempt_key: str) -> list[_Entry]:
         """An attempt's segments, in position order, as read from their headers: each value is let go once its
         header is read, since an attempt's segments can hold gigabytes (the digests alone are 16 bytes a record)
         and a purge or sweep holding them all at once made a commit's Python worker grow by as much."""
@@ -493,7 +496,7 @@ class ClaimBook(Protocol):
 class _Claims:
     """A run's claims in one LMDB write transaction."""
 
-    def __init__(self, txn: lmdb.Transaction, prefix: bytes) -> None:
+    def __init__(self, txn: lmdb.Transaction[bytes], prefix: bytes) -> None:
         self.txn, self.prefix = txn, prefix
 
     def get(self, digest: bytes) -> dict[int, int]:
