@@ -20,61 +20,67 @@ from recoverable_sink._logging import get_logger
 from recoverable_sink.contract import SinkCommitMessage
 from recoverable_sink.executor.kafka_proof import ProofStart
 from recoverable_sink.options import KafkaProof, SinkOptions
-from recoverable_sink.proof import reader, topic
 from recoverable_sink.proof.format import ChunkKey, DirectoryKey, MarkerKey, encode_directory, partition_of
+from recoverable_sink.proof.io import KafkaIO, ProofIO
 
 log = get_logger("driver")
 
 
-def start_for(options: SinkOptions, write_id: str, generated: bool) -> ProofStart | None:
+def _io(options: SinkOptions, io: ProofIO | None) -> ProofIO | None:
+    if io is not None:
+        return io
+    return KafkaIO(options, options.proof) if isinstance(options.proof, KafkaProof) else None
+
+
+def start_for(options: SinkOptions, write_id: str, generated: bool, io: ProofIO | None = None) -> ProofStart | None:
     """Where this run's tasks read the write's proof (None: no proof topic)."""
-    proof = options.proof
-    if not isinstance(proof, KafkaProof):
+    proof, found_io = options.proof, _io(options, io)
+    if not isinstance(proof, KafkaProof) or found_io is None:
         return None
     partition = partition_of(write_id, proof.known_partitions)
-    end = reader.high_watermark(options, proof, partition)  # read before the directory, as a stream's tasks do
+    end = found_io.high_watermark(partition)  # read before the directory, as a stream's tasks do
     if generated:
         return ProofStart(partition, {partition: end}, fresh=True)
-    found = reader.directory(options, proof).lookup(write_id)
+    found = found_io.lookup(write_id)
     starts = dict(found or {})
     starts.setdefault(partition, end)
     if found != starts:
-        _write_entry(options, proof, write_id, starts)
+        _write_entry(found_io, write_id, starts)
     return ProofStart(partition, starts, fresh=found is None)
 
 
-def _write_entry(options: SinkOptions, proof: KafkaProof, scope: str, starts: dict[int, int]) -> None:
-    topic.produce(options, proof, [(0, DirectoryKey(scope).encode(), encode_directory(starts))],
-                  f"the directory entry of {scope}")
+def _write_entry(io: ProofIO, scope: str, starts: dict[int, int]) -> None:
+    io.produce([(0, DirectoryKey(scope).encode(), encode_directory(starts))], f"the directory entry of {scope}")
 
 
 def finish_write(options: SinkOptions, write_id: str, start: ProofStart | None, generated: bool,
-                 messages: Sequence[WriterCommitMessage | None]) -> None:
+                 messages: Sequence[WriterCommitMessage | None], io: ProofIO | None = None) -> None:
     """At the driver's commit: a generated-id write's proof is released; a ``wal.writeId`` write's directory entry is
     written again, so that it outlives the proof its tasks wrote. Best effort: what a release misses goes with the
     topic's retention."""
-    proof = options.proof
-    if not isinstance(proof, KafkaProof) or start is None:
+    proof, found_io = options.proof, _io(options, io)
+    if not isinstance(proof, KafkaProof) or start is None or found_io is None:
         return
     try:
         if generated:
             records: list[tuple[int, bytes, bytes | None]] = [
                 (start.partition, key, None) for key in release_keys(write_id, messages)]
-            topic.produce(options, proof, records, f"the release of write {write_id}")
+            found_io.produce(records, f"the release of write {write_id}")
         else:
-            _write_entry(options, proof, write_id, dict(start.starts))
+            _write_entry(found_io, write_id, dict(start.starts))
     except Exception as exc:  # noqa: BLE001 - the write is committed; its proof then goes with the retention
         log.warning("write %s: the proof topic %s could not be updated (%s); its proof goes with the topic's "
                     "retention (proof.retentionHours)", write_id, proof.topic, options.scrub(str(exc)))
 
 
-def refresh_entry(options: SinkOptions, write_id: str, start: ProofStart | None, generated: bool) -> None:
+def refresh_entry(options: SinkOptions, write_id: str, start: ProofStart | None, generated: bool,
+                  io: ProofIO | None = None) -> None:
     """At a failed write's abort: a ``wal.writeId`` write's directory entry is written again, to outlive the proof its
     tasks wrote (a generated id is never re-run: its proof goes with the retention)."""
-    proof = options.proof
-    if isinstance(proof, KafkaProof) and start is not None and not generated:
+    found_io = _io(options, io)
+    if found_io is not None and start is not None and not generated:
         try:
-            _write_entry(options, proof, write_id, dict(start.starts))
+            _write_entry(found_io, write_id, dict(start.starts))
         except Exception as exc:  # noqa: BLE001 - the abort reports the write's own failure
             log.warning("write %s: its directory entry in the proof topic could not be written again (%s)", write_id,
                         options.scrub(str(exc)))
@@ -93,18 +99,19 @@ def release_keys(write_id: str, messages: Sequence[WriterCommitMessage | None]) 
     return sorted(keys)
 
 
-def advance_stream(options: SinkOptions, messages: Sequence[WriterCommitMessage | None]) -> None:
+def advance_stream(options: SinkOptions, messages: Sequence[WriterCommitMessage | None],
+                   io: ProofIO | None = None) -> None:
     """At a micro-batch's commit: its query's directory entry moves to where this micro-batch's proof starts, which
     every later micro-batch's proof follows (Spark starts the next only once this one is in its commit log)."""
-    proof = options.proof
+    found_io = _io(options, io)
     done = [m for m in messages if isinstance(m, SinkCommitMessage) and m.proof_topic is not None]
-    if not isinstance(proof, KafkaProof) or not done or done[0].query_id is None:
+    if found_io is None or not done or done[0].query_id is None:
         return
     lows = [m.proof_low for m in done if m.proof_low is not None]
     if not lows:
         return
     try:
-        _write_entry(options, proof, done[0].query_id, {done[0].proof_partition: min(lows)})
+        _write_entry(found_io, done[0].query_id, {done[0].proof_partition: min(lows)})
     except Exception as exc:  # noqa: BLE001 - the next micro-batch then reads from the entry as it was
         log.warning("query %s: its directory entry in the proof topic could not be moved on (%s)", done[0].query_id,
                     options.scrub(str(exc)))

@@ -21,7 +21,6 @@ from recoverable_sink.executor.proof import Claims, NoClaims, RemoteSegment
 from recoverable_sink.identity import DeliveredSet
 from recoverable_sink.options import KafkaProof, SinkOptions
 from recoverable_sink.producer.marker import Marker
-from recoverable_sink.proof import reader, topic
 from recoverable_sink.proof.claims import KafkaClaims
 from recoverable_sink.proof.format import (
     MAX_CHUNK_RECORDS,
@@ -34,6 +33,7 @@ from recoverable_sink.proof.format import (
     encode_directory,
     partition_of,
 )
+from recoverable_sink.proof.io import KafkaIO, ProofIO
 from recoverable_sink.proof.view import ProofView
 
 log = get_logger("proof")
@@ -58,9 +58,10 @@ class KafkaProofLog:
     """One attempt's side of the proof topic (see the module's docstring). Read once, when the evidence first asks."""
 
     def __init__(self, options: SinkOptions, proof: KafkaProof, ident: TaskIdentity,
-                 start: ProofStart | None) -> None:
+                 start: ProofStart | None, io: ProofIO | None = None) -> None:
         self.options = options
         self.proof = proof
+        self.io: ProofIO = io if io is not None else KafkaIO(options, proof)
         self.topic: str | None = proof.topic
         self.ident = ident
         self.scope = scope_of(ident)
@@ -86,18 +87,17 @@ class KafkaProofLog:
             return view
         starts = dict(start.starts) if start is not None else self._stream_starts()
         self.read_from = min(starts.values(), default=None)
-        return reader.read_view(self.options, self.proof, view, starts)
+        return self.io.read_view(view, starts)
 
     def _stream_starts(self) -> dict[int, int]:
         """A stream's: its query's directory entry, or this partition's end now, written as the entry where there is
         none (read before the directory, so that it is below anything a racing task of the query writes)."""
-        end = reader.high_watermark(self.options, self.proof, self.partition)
-        found = reader.directory(self.options, self.proof).lookup(self.scope)
+        end = self.io.high_watermark(self.partition)
+        found = self.io.lookup(self.scope)
         if found is not None:
             return found
         starts = {self.partition: end}
-        topic.produce(self.options, self.proof, [(0, DirectoryKey(self.scope).encode(), encode_directory(starts))],
-                      "a query's directory entry")
+        self.io.produce([(0, DirectoryKey(self.scope).encode(), encode_directory(starts))], "a directory entry")
         return starts
 
     def attempts(self) -> Sequence[RemoteAttempt]:
@@ -125,8 +125,8 @@ class KafkaProofLog:
             return NoClaims()
         view = self.view()
         found = view.own_runs_from.get(self.partition)
-        read_from = found if found is not None else reader.high_watermark(self.options, self.proof, self.partition)
-        return KafkaClaims(self.options, self.proof, view, self.ident.partition, self.partition, read_from, proven)
+        read_from = found if found is not None else self.io.high_watermark(self.partition)
+        return KafkaClaims(self.io, view, self.ident.partition, self.partition, read_from, proven)
 
     # ---- writing ---------------------------------------------------------------------------------------------
     def chunk_batches(self, attempt: str, seq: int, segments: list[ChunkSegment], last: bool,

@@ -20,7 +20,6 @@ transaction and a temporary WAL.
 from __future__ import annotations
 
 import gc
-import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -72,6 +71,7 @@ from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
 from recoverable_sink.proof.format import ChunkSegment
+from recoverable_sink.wal import attempt as wal_attempt
 
 log = get_logger("writer")
 
@@ -80,6 +80,10 @@ _FLUSH_MARGIN_S = 30.0  # past librdkafka's own delivery timeout, which reports 
 # A drain this often, so that acknowledgements reach the WAL and a hard kill repeats little; how often was chosen
 # by measurement (docs/performance.md, "Checkpoint interval").
 CHECKPOINT_EVERY_S = 0.05
+# ... and once this many records were handed over since the last, so that the kill window is a number of records
+# whatever the rate (docs/guarantees.md: a kill repeats at most the last two drain windows). A WAL segment holds no
+# more, so a window is at most one segment past the limit.
+CHECKPOINT_MAX_RECORDS = 10_000
 
 # A WAL segment (one LMDB value and transaction, one hand-over to the producer) holds about this many bytes of
 # Arrow data at most, not a whole batch of 10,000 large records (100 MB at 10 KB): docs/performance.md, "Segments
@@ -214,6 +218,7 @@ class PartitionWriter:
         self.pacer: Pacer = pacer_for(options)  # rate.recordsPerSecond / rate.bytesPerSecond, if set
         self._pending: _Pending | None = None
         self._last_checkpoint = self.clock.monotonic()
+        self._since_drain = 0  # records handed over since the last drain
         self._opened = False
         self._evidence = Evidence(task=self._task())
         # The proof topic's side of this attempt: the digests of segments handed over whose acknowledgements are yet
@@ -244,7 +249,7 @@ class PartitionWriter:
             self.phase = self._follow(self._planned(gather, opened.own_marker, opened.latest_micro_batch))
             self.message = SinkCommitMessage(
                 write_id=self.ident.write_id, partition=self.ident.partition, attempt=self.ident.attempt,
-                host=socket.gethostname(), wal_path=self.log.path, producer=self.producer.kind)
+                host=wal_attempt.host.name(), wal_path=self.log.path, producer=self.producer.kind)
         except BaseException:
             self._release_after_failed_start()
             raise
@@ -459,7 +464,9 @@ class PartitionWriter:
             self.faults.after_batch(self.ident.write_id, self.ident.partition, self.ident.attempt,
                                     self.message.skipped + end,
                                     lambda: self._checkpoint(wait_s=delivery_timeout_s(self.options)))
-        if self.clock.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
+        self._since_drain += pending.batch.num_rows
+        if self._since_drain >= CHECKPOINT_MAX_RECORDS or \
+                self.clock.monotonic() - self._last_checkpoint > CHECKPOINT_EVERY_S:
             # A drain: produce nothing more until the producer's queue is empty, so that what it held is known
             # to be acknowledged or failed. Waiting only a while would let a large backlog (big values) refill
             # the queue before every drain, and no acknowledgement would be learnt until the end.
@@ -525,6 +532,8 @@ class PartitionWriter:
                 self.log.save_acks(self._dirty())  # what was served before the producer died still counts
                 raise self._located(exc) from None
             self._last_checkpoint = self.clock.monotonic()
+            if not self.ledger.outstanding:
+                self._since_drain = 0
             self.log.save_acks(self._dirty(), sync)
             if not (self.ledger.outstanding or self.ledger.proof_outstanding) or self.clock.monotonic() >= deadline:
                 return
@@ -663,12 +672,13 @@ class PartitionWriter:
 
 
 def _segments(batch: pa.RecordBatch, digests: bytes | None) -> Iterator[tuple[pa.RecordBatch, bytes | None]]:
-    """The batch in WAL segments of about ``SEGMENT_MAX_BYTES`` at most: slices of equal row counts, so a batch of
-    uneven records may give a segment above it."""
-    if batch.nbytes <= SEGMENT_MAX_BYTES:
+    """The batch in WAL segments of about ``SEGMENT_MAX_BYTES`` and at most ``CHECKPOINT_MAX_RECORDS`` records: slices
+    of equal row counts, so a batch of uneven records may give a segment above the bytes."""
+    if batch.nbytes <= SEGMENT_MAX_BYTES and batch.num_rows <= CHECKPOINT_MAX_RECORDS:
         yield batch, digests
         return
-    yield from slices(batch, digests, max(1, batch.num_rows * SEGMENT_MAX_BYTES // batch.nbytes))
+    rows = max(1, batch.num_rows * SEGMENT_MAX_BYTES // max(1, batch.nbytes))
+    yield from slices(batch, digests, min(rows, CHECKPOINT_MAX_RECORDS))
 
 
 _frozen: list[bool] = []

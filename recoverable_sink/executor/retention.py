@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.executor.resume_plan import Held, Release, release
+from recoverable_sink.wal import attempt as wal_attempt
 from recoverable_sink.wal.attempt import AttemptInfo
 from recoverable_sink.wal.store import Wal
 
@@ -35,7 +36,7 @@ def held(wal: Wal, attempts: list[AttemptInfo], retention_s: float | None = None
     keys = [a.key for a in attempts]
     holding = wal.holding_payload(keys)
     proof = wal.proof_bytes(keys) if sizes else {}
-    now = time.time() if now is None else now
+    now = wal_attempt.host.now() if now is None else now
     return [Held(key=a.key, write_id=a.write_id, partition=a.partition, run=a.run, state=a.state,
                  exactly_once=a.exactly_once, generated=a.generated, seq=a.seq, trimmed=a.trimmed,
                  holding=a.key in holding, published=a.published, may_be_running=a.may_be_running(),

@@ -16,16 +16,28 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
+from typing import Protocol
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-
-from recoverable_sink.deadlines import MARGIN_S
 from recoverable_sink.errors import DeliveryError
 from recoverable_sink.identity import DeliveredSet
-from recoverable_sink.options import KafkaProof, SinkOptions, short_lived
 from recoverable_sink.proof.format import ClaimKey, encode_claims
-from recoverable_sink.proof.reader import consumer, partition_ends, read_limit_s, read_range
 from recoverable_sink.proof.view import Claim, ProofView
+
+
+class ClaimLog(Protocol):
+    """Where claims are written and read (:class:`recoverable_sink.proof.io.KafkaIO`, or a test's scripted broker)."""
+
+    topic: str
+
+    def claim(self, partition: int, key: bytes, value: bytes) -> None:
+        """Write a claim and return once Kafka acknowledged it."""
+        ...
+
+    def read_since(self, view: ProofView, partition: int, position: int) -> int:
+        """Feed the records of ``partition`` from ``position`` to its end to ``view.first_pass``; returns the end."""
+        ...
+
+    def read_limit_s(self) -> float: ...
 
 
 class ClaimBook:
@@ -52,11 +64,10 @@ class ClaimBook:
 class KafkaClaims:
     """Other runs' proof, taken batch by batch under claims in the proof topic (see the module's docstring)."""
 
-    def __init__(self, options: SinkOptions, proof: KafkaProof, view: ProofView, partition: int,
-                 proof_partition: int, read_from: int, proven: DeliveredSet) -> None:
+    def __init__(self, log: ClaimLog, view: ProofView, partition: int, proof_partition: int, read_from: int,
+                 proven: DeliveredSet) -> None:
         assert view.run is not None, "claims are a run's"
-        self.options = options
-        self.proof = proof
+        self.log = log
         self.view = view
         self.partition = partition
         self.proof_partition = proof_partition
@@ -66,7 +77,6 @@ class KafkaClaims:
         self.book = ClaimBook()
         for claim in view.claims:
             self.book.add(claim)
-        self._producer: Producer | None = None
 
     def __bool__(self) -> bool:
         return bool(self.proven)
@@ -86,10 +96,11 @@ class KafkaClaims:
         result = [False] * len(digests)
         if not wanted:
             return result
-        undecided = [(i, d, c) for i, d, c in wanted if not self._decided(d, c)]
+        undecided = [(d, c) for _, d, c in wanted if not self._decided(d, c)]
         if undecided:
             nonce = uuid.uuid4().hex
-            self._write(nonce, [(d, c) for _, d, c in undecided])
+            key = ClaimKey(self.view.scope, self.view.write_id, self.view.run or "", self.partition, nonce)
+            self.log.claim(self.proof_partition, key.encode(), encode_claims(undecided))
             self._read_until(nonce)
         for i, d, c in wanted:
             result[i] = self.book.won(d, self.partition, c, self.proven[d])
@@ -99,52 +110,14 @@ class KafkaClaims:
         """This partition already claimed that copy (an earlier attempt of it, or an earlier batch)."""
         return (self.partition, copy) in self.book.order.get(digest, [])
 
-    def _write(self, nonce: str, copies: list[tuple[bytes, int]]) -> None:
-        from recoverable_sink.producer.ledger import delivery_timeout_s
-
-        if self._producer is None:
-            conf = short_lived({**self.options.producer_config(), "linger.ms": "0"})
-            conf.pop("transactional.id", None)
-            self._producer = Producer(conf)
-        failed: list[KafkaError] = []
-        key = ClaimKey(self.view.scope, self.view.write_id, self.view.run or "", self.partition, nonce).encode()
-        self._producer.produce(self.proof.topic, value=encode_claims(copies), key=key,
-                               partition=self.proof_partition,
-                               on_delivery=lambda err, _m: failed.append(err) if err is not None else None)
-        limit = delivery_timeout_s(self.options) + MARGIN_S
-        deadline = time.monotonic() + limit
-        while len(self._producer) and time.monotonic() < deadline:
-            self._producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
-        if failed or len(self._producer):
-            self._producer.purge()
-            cause = failed[0].str() if failed else f"not acknowledged within {limit:.0f} s"
-            raise DeliveryError(f"a claim on delivered records could not be written to the proof topic "
-                                f"{self.proof.topic}: {self.options.scrub(cause)}")
-
     def _read_until(self, nonce: str) -> None:
-        limit = read_limit_s(self.options)
+        limit = self.log.read_limit_s()
         deadline = time.monotonic() + limit
-        try:
-            with consumer(self.options, committed=False) as c:
-                self._read_claims(c, nonce, deadline, limit)
-        except (KafkaException, TimeoutError) as exc:
-            raise DeliveryError(f"the proof topic {self.proof.topic} could not be read: "
-                                f"{self.options.scrub(str(exc))}") from None
-
-    def _read_claims(self, c: Consumer, nonce: str, deadline: float, limit: float) -> None:
-
         while nonce not in self.book.nonces:
-            _low, high = partition_ends(c, TopicPartition(self.proof.topic, self.proof_partition), deadline)
             view = ProofView(self.view.scope, self.view.write_id, self.view.run)
-            read_range(c, self.proof.topic, self.proof_partition, self.position, high, deadline, view.first_pass)
+            self.position = self.log.read_since(view, self.proof_partition, self.position)
             for claim in view.claims:
                 self.book.add(claim)
-            self.position = max(self.position, high)
             if nonce not in self.book.nonces and time.monotonic() >= deadline:
-                raise DeliveryError(f"this partition's claim was not found in the proof topic {self.proof.topic} "
-                                    f"within {limit:.0f} s of being acknowledged")
-
-    def close(self) -> None:
-        if self._producer is not None:
-            self._producer.flush(0)
-            self._producer = None
+                raise DeliveryError(f"this partition's claim was not found in the proof topic {self.log.topic} within "
+                                    f"{limit:.0f} s of being acknowledged")

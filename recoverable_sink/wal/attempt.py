@@ -20,10 +20,11 @@ import functools
 import json
 import os
 import socket
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from recoverable_sink.errors import WalCorruptionError, WalError
 
@@ -63,6 +64,42 @@ def _started(pid: int) -> str | None:
         return None
 
 
+class Host(Protocol):
+    """What the WAL asks of the host it runs on: its name and boot, this process and whether a process still runs,
+    and its wall clock (kept in records for operators; no rule decides by it but the sweep of published proof).
+    :data:`host` is the machine's own; the writer's model scripts several hosts, their processes and their clocks."""
+
+    def name(self) -> str: ...
+
+    def boot(self) -> str: ...
+
+    def pid(self) -> int: ...
+
+    def started(self, pid: int) -> str | None: ...
+
+    def now(self) -> float: ...
+
+
+class ThisHost:
+    def name(self) -> str:
+        return socket.gethostname()
+
+    def boot(self) -> str:
+        return _boot_id()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def started(self, pid: int) -> str | None:
+        return _started(pid)
+
+    def now(self) -> float:
+        return time.time()
+
+
+host: Host = ThisHost()
+
+
 @dataclass(frozen=True)
 class Owner:
     """The process that began an attempt: its host, that host's boot, its pid and its start time."""
@@ -74,21 +111,22 @@ class Owner:
 
     @classmethod
     def this_process(cls) -> Owner:
-        return cls(host=socket.gethostname(), boot=_boot_id(), pid=os.getpid(), started=_started(os.getpid()))
+        pid = host.pid()
+        return cls(host=host.name(), boot=host.boot(), pid=pid, started=host.started(pid))
 
     def _visible_here(self) -> bool:
         """Whether this host can tell if the process runs: begun here, in this boot, with a known start time."""
-        return self.host == socket.gethostname() and self.boot == _boot_id() and bool(self.started)
+        return self.host == host.name() and self.boot == host.boot() and bool(self.started)
 
     def runs_here(self) -> bool:
         """Whether the process is known to run still on this host (same boot, pid and start time); one this host
         cannot see counts as not running."""
-        return self._visible_here() and _started(self.pid) == self.started
+        return self._visible_here() and host.started(self.pid) == self.started
 
     def may_still_run(self) -> bool:
         """Whether the process may still run: yes unless it is known to be gone (this host and boot, and no process
         with its pid and start time), since another host's or boot's process is not knowable from here."""
-        return not self._visible_here() or _started(self.pid) == self.started
+        return not self._visible_here() or host.started(self.pid) == self.started
 
     def to_json(self) -> dict[str, object]:
         return {"host": self.host, "boot": self.boot, "pid": self.pid, "started": self.started}

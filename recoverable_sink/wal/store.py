@@ -3,8 +3,6 @@ acknowledgements, compaction of acknowledged segments, state changes, finish, pu
 
 from __future__ import annotations
 
-import socket
-import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -16,6 +14,7 @@ import pyarrow as pa
 
 from recoverable_sink.errors import WalError, WalFullError
 from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet
+from recoverable_sink.wal import attempt as _attempt
 from recoverable_sink.wal.attempt import DONE, AttemptInfo, AttemptState, Owner, decode_attempt
 from recoverable_sink.wal.env import Gate, Transactions, check_room, open_env
 from recoverable_sink.wal.format import (
@@ -80,7 +79,7 @@ class Wal(Transactions):
 
         The attempt key starts with the order attempts began in on this host (an LMDB sequence, no clock), so a prefix
         scan lists them in that order, and ends with a random part so that no two hosts' keys collide."""
-        created = time.time()
+        created = _attempt.host.now()
         owner = Owner.this_process()
         tail = f"{attempt:03d}-{uuid.uuid4().hex[:8]}"
         made: list[str] = []
@@ -91,7 +90,7 @@ class Wal(Transactions):
             txn.put(SEQUENCE_KEY, seq.to_bytes(8, "big"))
             key = f"{write_id}/{partition:06d}/{seq:020d}-{tail}"
             record = AttemptInfo.begun(key, write_id, partition, attempt, {**fields, "seq": seq},
-                                       host=socket.gethostname(), created=created, owner=owner)
+                                       host=_attempt.host.name(), created=created, owner=owner)
             txn.put(meta_key(key), record.encode())
             made[:] = [key]
 
@@ -160,7 +159,7 @@ class Wal(Transactions):
     def end_attempt(self, attempt_key: str) -> None:
         """Note that a failed attempt stopped sending, its acknowledgements saved: a retry waiting for it goes on."""
         def body(txn: lmdb.Transaction[bytes]) -> None:
-            txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_end(time.time()).encode())
+            txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_end(_attempt.host.now()).encode())
 
         self._write(body)
 
@@ -175,7 +174,7 @@ class Wal(Transactions):
         return decode_attempt(self.path, attempt_key, self._require_attempt(txn, attempt_key))
 
     def _set_state(self, txn: lmdb.Transaction[bytes], attempt_key: str, state: AttemptState) -> None:
-        txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_state(state, time.time()).encode())
+        txn.put(meta_key(attempt_key), self._record(txn, attempt_key).with_state(state, _attempt.host.now()).encode())
 
     # ---- writing --------------------------------------------------------------------------------------
     def append(self, attempt_key: str, first: int, batch: pa.RecordBatch, digests: bytes, max_bytes: int,
