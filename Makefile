@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 STAMP_PY := build/.stamp-python
 STAMP_JARS := build/.stamp-jars
 
-.PHONY: FORCE setup kafka-up kafka-down demo typecheck unit integration test chaos bench soak matrix dist lint clean
+.PHONY: FORCE setup kafka-up kafka-down demo typecheck unit integration test chaos mutants bench soak matrix dist lint clean
 
 setup: $(STAMP_PY) $(STAMP_JARS)
 
@@ -63,14 +63,20 @@ integration: setup
 
 test: typecheck unit integration
 
-# The fault campaign, then the resume plan's long model profile (RESUME_MODEL_EXAMPLES sequences; its seed printed,
-# RESUME_MODEL_SEED replays one).
+# The fault campaign, then the partition writer's long model profile (WRITER_MODEL_EXAMPLES sequences; its seed
+# printed, WRITER_MODEL_SEED replays one; the plans it saw in build/chaos/writer-model.json).
 chaos: setup
 	$(PYTHON) -m testing.spark --class-archive
 	$(PYTHON) -m testing.chaos.run
-	@seed=$${RESUME_MODEL_SEED:-$$RANDOM$$RANDOM}; echo "resume plan model: $${RESUME_MODEL_EXAMPLES:-20000} sequences, seed $$seed"; \
-	RESUME_MODEL_EXAMPLES=$${RESUME_MODEL_EXAMPLES:-20000} $(PYTHON) -m pytest -q -p no:cacheprovider \
-	  tests/unit/executor/test_resume_plan_model.py --hypothesis-seed=$$seed --hypothesis-show-statistics
+	@seed=$${WRITER_MODEL_SEED:-$$RANDOM$$RANDOM}; echo "writer model: $${WRITER_MODEL_EXAMPLES:-5000} sequences, seed $$seed"; \
+	WRITER_MODEL_SEED=$$seed WRITER_MODEL_EXAMPLES=$${WRITER_MODEL_EXAMPLES:-5000} $(PYTHON) -m pytest -q \
+	  -p no:cacheprovider -p no:logging tests/unit/executor/test_writer_model.py --hypothesis-seed=$$seed \
+	  --hypothesis-show-statistics
+	@cat build/chaos/writer-model.json
+
+# The mutants of the writer's rules the model must catch (also part of make unit).
+mutants: setup
+	$(PYTHON) -m pytest -q -p no:logging tests/unit/executor/test_writer_model_mutants.py
 
 bench: setup
 	$(PYTHON) -m bench.run

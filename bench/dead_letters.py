@@ -82,7 +82,7 @@ def per_batch(rows: int = 10_000, reps: int = 500) -> dict[str, float]:
     import time
 
     from recoverable_sink.executor import dead_letters
-    from recoverable_sink.executor.record_checks import check_batch, find_refusals
+    from recoverable_sink.executor.record_checks import Fixed, check_batch, find_refusals
     from recoverable_sink.options import DeadLetterTopic
 
     batch = pa.RecordBatch.from_pydict({"key": [b"%d" % i for i in range(rows)],
@@ -90,10 +90,10 @@ def per_batch(rows: int = 10_000, reps: int = 500) -> dict[str, float]:
     dead = DeadLetterTopic("dlq", 1_000_000)
 
     def without() -> None:
-        check_batch(batch, "t", "p0", 0, 1_000_000, lambda t: 4)
+        check_batch(batch, "t", "p0", 0, Fixed(4, 1_000_000))
 
     def with_option() -> None:
-        refusals = find_refusals(batch, "t", 1_000_000, lambda t: 4)
+        refusals = find_refusals(batch, "t", Fixed(4, 1_000_000))
         dead_letters.split(batch, refusals, dead, "t", "c", {})
 
     def median_us(step: Any) -> float:

@@ -98,12 +98,14 @@ def merge(local: Sequence[Prior], remote: Sequence[RemoteAttempt]) -> tuple[Prio
 
 class Gatherer:
     """Gathers one task attempt's evidence (see the module's docstring). ``task`` gives the attempt as it now is (its
-    WAL key and sequence once begun); ``markers`` reads other partitions' markers (exactly_once re-runs only)."""
+    WAL key and sequence once begun); ``markers`` reads other partitions' markers (exactly_once re-runs only);
+    ``cluster_id`` is the cluster the attempt writes to (the WAL's attempts of another cluster are no evidence)."""
 
     def __init__(self, task: Callable[[], TaskAttempt], log: LocalAttempts, remote: RemoteProof,
                  markers: Callable[[list[int], str | None], Mapping[int, tuple[Marker, ...]]],
-                 topic: str | None, query_id: str | None) -> None:
+                 topic: str | None, query_id: str | None, cluster_id: str | None = None) -> None:
         self._task = task
+        self.cluster_id = cluster_id
         self.log = log
         self.remote = remote
         self._markers = markers
@@ -114,7 +116,9 @@ class Gatherer:
     def local(self) -> Evidence:
         """What this host's WAL holds: its attempts of the write and the latest micro-batch of the query here."""
         task = self._task()
-        found = self.log.write_attempts()
+        # An attempt of this write aimed at another cluster (a run sent there by mistake) delivered nothing here.
+        found = [a for a in self.log.write_attempts() if a.cluster_id in (None, self.cluster_id)
+                 or self.cluster_id is None]
         self._local = tuple(prior_of(a, self.log.record_count(a.key) if a.partition == task.partition else 0)
                             for a in found if a.key != task.key)
         later = self.log.latest_micro_batch(self.query_id) if self.query_id is not None else None

@@ -21,6 +21,7 @@ from recoverable_sink.executor.proof import Claims, NoClaims, RemoteSegment
 from recoverable_sink.identity import DeliveredSet
 from recoverable_sink.options import KafkaProof, SinkOptions
 from recoverable_sink.producer.marker import Marker
+from recoverable_sink.producer.transactions import transactional_id
 from recoverable_sink.proof.claims import KafkaClaims
 from recoverable_sink.proof.format import (
     MAX_CHUNK_RECORDS,
@@ -34,6 +35,7 @@ from recoverable_sink.proof.format import (
     partition_of,
 )
 from recoverable_sink.proof.io import KafkaIO, ProofIO
+from recoverable_sink.proof.read import read_view
 from recoverable_sink.proof.view import ProofView
 
 log = get_logger("proof")
@@ -78,7 +80,7 @@ class KafkaProofLog:
         return self._view
 
     def _read(self) -> ProofView:
-        view = ProofView(self.scope, self.ident.write_id, self.ident.run)
+        view = ProofView(self.scope, self.ident.write_id, self.ident.run, self.ident.partition)
         start = self._start
         if start is not None and start.fresh and self.ident.attempt == 0:
             # A first attempt of a write no earlier run wrote: nothing to read. (A stage Spark re-submits after a
@@ -87,7 +89,7 @@ class KafkaProofLog:
             return view
         starts = dict(start.starts) if start is not None else self._stream_starts()
         self.read_from = min(starts.values(), default=None)
-        return self.io.read_view(view, starts)
+        return read_view(self.io, view, starts, lambda scope, p: transactional_id(self.options, scope, p))
 
     def _stream_starts(self) -> dict[int, int]:
         """A stream's: its query's directory entry, or this partition's end now, written as the entry where there is

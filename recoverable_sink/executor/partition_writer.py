@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,7 +69,7 @@ from recoverable_sink.options import DeadLetterTopic, SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.protocol import SinkProducer
-from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
+from recoverable_sink.producer.topics import create_as_brokers_would, max_message_bytes, says_missing
 from recoverable_sink.proof.format import ChunkSegment
 from recoverable_sink.wal import attempt as wal_attempt
 
@@ -125,15 +125,22 @@ def final_wait_s(options: SinkOptions) -> float:
     return timeout + min(_FLUSH_MARGIN_S, max(1.0, timeout))
 
 
-class _Partitions:
-    """Partition counts of the topics a batch names, from the cluster's metadata, asked once per topic."""
+class TaskDestinations:
+    """What this task's checks know of the topics it writes to, asked once per topic for the task
+    (:class:`~recoverable_sink.executor.record_checks.Destinations`): the partition count, from the cluster's metadata
+    (a topic column's missing topic created as the brokers would auto-create it, unless topic.mustExist), and the
+    largest record it takes, from the producer's message.max.bytes and, uncompressed, the topic's max.message.bytes
+    (the topic option's and the dead-letter topic's read on the driver, a topic column's here)."""
 
-    def __init__(self, producer: SinkProducer, options: SinkOptions) -> None:
+    def __init__(self, producer: SinkProducer, options: SinkOptions,
+                 topic_max: Callable[[str], int | None] | None = None) -> None:
         self.producer = producer
         self.options = options
         self.counts: dict[str, int] = {}
+        self.limits: dict[str, tuple[int, str]] = {}
+        self._topic_max = topic_max or (lambda topic: max_message_bytes(options, topic, 30))
 
-    def __call__(self, topic: str) -> int:
+    def partitions(self, topic: str) -> int:
         if topic not in self.counts:
             count, err = self.producer.partition_count(topic, 30)
             if err is not None:
@@ -141,7 +148,6 @@ class _Partitions:
                     # Not an answer that the topic is missing (a time-out, no authorisation): the task fails.
                     raise RecordError(f"topic {topic}'s metadata could not be read ({err.str()}): check the brokers "
                                       "and that this principal may DESCRIBE and WRITE the topic")
-                # A topic column's topic: created as the brokers would auto-create it, unless topic.mustExist.
                 why = "topic.mustExist=true" if self.options.topic_must_exist else \
                     create_as_brokers_would(self.options, topic, 30)
                 if why is not None:
@@ -153,12 +159,23 @@ class _Partitions:
             self.counts[topic] = count
         return self.counts[topic]
 
+    def limit(self, topic: str) -> tuple[int, str]:
+        if topic not in self.limits:
+            options = self.options
+            dead = options.errors
+            if topic == options.topic:
+                topic_max = options.topic_max_message_bytes
+            elif isinstance(dead, DeadLetterTopic) and topic == dead.topic:
+                topic_max = dead.max_message_bytes
+            else:
+                topic_max = self._topic_max(topic)
+            self.limits[topic] = _size_limit(options, topic, topic_max)
+        return self.limits[topic]
 
-def _size_limit(options: SinkOptions, topic: str | None = None, topic_max: int | None = None) -> tuple[int, str]:
-    """The largest record (as record_checks sizes it) the producer and, uncompressed, the topic accept (the
-    ``topic`` option's, unless another topic and its max.message.bytes are given)."""
-    if topic is None:
-        topic, topic_max = options.topic, options.topic_max_message_bytes
+
+def _size_limit(options: SinkOptions, topic: str, topic_max: int | None) -> tuple[int, str]:
+    """The largest record (as record_checks sizes it) the producer and, uncompressed, ``topic`` (whose
+    max.message.bytes is ``topic_max``, None where unknown) accept."""
     conf = options.producer_config()
     limit = int(conf.get("message.max.bytes", 1_000_000))
     name = f"the producer's message.max.bytes={limit}"
@@ -191,7 +208,7 @@ class PartitionWriter:
 
     def __init__(self, options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
                  mode: DeliveryMode, log: LogOfAttempt, proof: ProofTopic | None = None,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, topic_max: Callable[[str], int | None] | None = None) -> None:
         self.options = options
         self.plan = plan
         self.ident = ident
@@ -204,7 +221,7 @@ class PartitionWriter:
         self.where = ident.where
         self.phase = Phase.NEW
         self.started = self.clock.monotonic()
-        self.max_message, self.max_message_name = _size_limit(options)
+        self._topic_max = topic_max
         self.delivered = DeliveredSet()  # what earlier attempts of this run got acknowledged: skipped when met again
         # What other runs of the write delivered, in any partition: a re-run's partitions may hold other rows than the
         # failed run's partitions of the same number.
@@ -238,14 +255,14 @@ class PartitionWriter:
             self.log.begin(self.ident, {"kind": self.ident.kind, "topic": self.plan.topic_option,
                                         "cluster_id": self.cluster_id, "guarantee": self.options.guarantee})
             gather = Gatherer(self._task, self.log, self.proof, self.mode.markers, self.plan.topic_option,
-                              self.ident.query_id if self.ident.kind == "stream" else None)
+                              self.ident.query_id if self.ident.kind == "stream" else None, self.cluster_id)
             # A zombie stands down on what this host's WAL holds, before its producer fences anyone.
             self._follow_early(plan(gather.local()))
             opened = self.mode.open(self.plan.topic_option)
             self._opened = True
             self.producer = opened.producer
             self.ledger = Ledger(self.producer, self.options.scrub)
-            self.partitions = _Partitions(self.producer, self.options)
+            self.destinations = TaskDestinations(self.producer, self.options, self._topic_max)
             self.phase = self._follow(self._planned(gather, opened.own_marker, opened.latest_micro_batch))
             self.message = SinkCommitMessage(
                 write_id=self.ident.write_id, partition=self.ident.partition, attempt=self.ident.attempt,
@@ -268,7 +285,7 @@ class PartitionWriter:
         ``CHECKPOINT_EVERY_S``, up to the final delivery wait."""
         deadline = self.clock.monotonic() + final_wait_s(self.options)
         waited = False
-        reread = False
+        reread = True  # the WAL again: opening the mode may have waited, and others may have finished meanwhile
         while True:
             evidence = gather.full(marker, marker_batch, waited_out=self.clock.monotonic() >= deadline,
                                    reread=reread)
@@ -353,12 +370,10 @@ class PartitionWriter:
         first = self.position
         self.position += batch.num_rows
         if not isinstance(self.options.errors, DeadLetterTopic):
-            check_batch(batch, self.plan.topic_option, self.where, first, self.max_message, self.partitions,
-                        self.max_message_name)
+            check_batch(batch, self.plan.topic_option, self.where, first, self.destinations)
             self._log_and_send(batch, None)
             return
-        refusals = find_refusals(batch, self.plan.topic_option, self.max_message, self.partitions,
-                                 self.max_message_name)
+        refusals = find_refusals(batch, self.plan.topic_option, self.destinations)
         batch, dead = dead_letters.split(batch, refusals, self.options.errors, self.plan.topic_option,
                                          self.cluster_id, self._dead_letter_context())
         if dead is not None:
@@ -379,8 +394,7 @@ class PartitionWriter:
     def _check_dead_letters(self, dead: dead_letters.DeadLetters, first: int) -> None:
         """A dead letter the dead-letter topic would refuse too fails the task, naming both refusals."""
         assert isinstance(self.options.errors, DeadLetterTopic)
-        limit, name = _size_limit(self.options, self.options.errors.topic, self.options.errors.max_message_bytes)
-        for refusal in find_refusals(dead.batch, None, limit, self.partitions, name):
+        for refusal in find_refusals(dead.batch, None, self.destinations):
             i = refusal.first()
             if i is not None:
                 row = dead.rows[i]

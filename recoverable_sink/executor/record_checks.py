@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -49,33 +50,58 @@ class Refusal:
 _PRODUCE = "KAFKA_PRODUCE"
 
 
+class Destinations(Protocol):
+    """What the checks ask about a record's destination topic, once per topic (a task's answers are the cluster's:
+    :class:`recoverable_sink.executor.partition_writer.TaskDestinations`)."""
+
+    def partitions(self, topic: str) -> int:
+        """The topic's partition count; raises :class:`UnknownTopicError` for a topic that does not exist."""
+        ...
+
+    def limit(self, topic: str) -> tuple[int, str]:
+        """The largest record (as sized here) the producer and the topic accept, and where that limit comes from."""
+        ...
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """The same answers for every topic (tests, benchmarks, the doctests)."""
+
+    count: int = 1
+    max_message_bytes: int = 1_000_000
+
+    def partitions(self, topic: str) -> int:
+        return self.count
+
+    def limit(self, topic: str) -> tuple[int, str]:
+        return self.max_message_bytes, f"the producer's message.max.bytes={self.max_message_bytes}"
+
+
 def check_batch(batch: pa.RecordBatch, topic_option: str | None, where: str, first_position: int,
-                max_message_bytes: int, partition_count: Callable[[str], int],
-                limit_name: str | None = None) -> None:
+                destinations: Destinations) -> None:
     """Reject a normalised batch holding a record Kafka would refuse, before any of it enters the WAL: the first
     refusal :func:`find_refusals` finds, named with its record's position.
 
     >>> b = pa.RecordBatch.from_pydict({"value": [b"x"], "partition": pa.array([-1], pa.int32())})
-    >>> check_batch(b, "t", "partition 0", 10, 1000, lambda topic: 3)
+    >>> check_batch(b, "t", "partition 0", 10, Fixed(3, 1000))
     Traceback (most recent call last):
     ...
     recoverable_sink.errors.RecordError: partition 0, record 10: partition -1 is negative
     """
-    for refusal in find_refusals(batch, topic_option, max_message_bytes, partition_count, limit_name):
+    for refusal in find_refusals(batch, topic_option, destinations):
         row = refusal.first()
         if row is not None:
             raise RecordError(f"{where}, record {first_position + row}: {refusal.message(row)}")
 
 
-def find_refusals(batch: pa.RecordBatch, topic_option: str | None, max_message_bytes: int,
-                  partition_count: Callable[[str], int], limit_name: str | None = None) -> list[Refusal]:
+def find_refusals(batch: pa.RecordBatch, topic_option: str | None, destinations: Destinations) -> list[Refusal]:
     """Every reason Kafka would refuse records of a normalised batch, in the order they are checked, each with the
     records it refuses (a record may appear under several).
 
-    ``partition_count(topic)`` answers from the cluster's metadata (and raises a RecordError naming a topic
-    that does not exist); it is asked once per distinct topic only when the batch routes by a topic column
-    or names explicit partitions. ``limit_name`` says where ``max_message_bytes`` comes from (default: the
-    producer's message.max.bytes)."""
+    What depends on a record's destination (the partitions it has, the largest record it takes) is its own topic's,
+    whether the topic comes from the option or a column; ``destinations`` answers once per topic. The partition count
+    is asked only where the batch routes by a topic column or names explicit partitions (the topic option's is the
+    driver's to check)."""
     names = batch.schema.names
     found: list[Refusal] = []
 
@@ -107,24 +133,22 @@ def find_refusals(batch: pa.RecordBatch, topic_option: str | None, max_message_b
             f"timestamp {stamps[row].as_py()} ms is not after 1970-01-01T00:00:00Z; librdkafka reads 0 as \"now\" "
             "and Kafka refuses earlier times, so it cannot be sent as it is: use null (the producer stamps the "
             "record) or a later time"))
-    if _largest_record_bound(batch) > max_message_bytes:
-        size = _record_sizes(batch)
-        what = "key+value+headers" if "headers" in names else "key+value"
-        limit = limit_name or f"the producer's message.max.bytes={max_message_bytes}"
-        add("RecordTooLarge", pc.greater(size, max_message_bytes), lambda row: (
-            f"{what} with the record framing is {size[row].as_py()} bytes, more than {limit}; raise "
-            "kafka.message.max.bytes and the topic's max.message.bytes, or make the record smaller"))
+    distinct: list[str] = ([topic_option] if topic_option is not None else []) if topics is None else \
+        [t for t in pc.unique(topics).to_pylist() if t is not None]
+    masks = {t: pa.array(np.ones(batch.num_rows, dtype=bool)) if topics is None else pc.equal(topics, t)
+             for t in distinct}
+    bound = _largest_record_bound(batch)
+    size: pa.Array | None = None
+    for topic, in_topic in masks.items():
+        limit, limit_name = destinations.limit(topic)
+        if bound > limit:
+            size = _record_sizes(batch) if size is None else size
+            add("RecordTooLarge", pc.and_(pc.greater(size, limit), in_topic), _too_large(batch, size, limit_name))
     if topics is None and parts is None:
         return found  # the topic option was checked on the driver
-    if topics is None:
-        assert topic_option is not None, "a batch without a topic column goes to the topic option"
-        distinct = [topic_option]
-    else:
-        distinct = [t for t in pc.unique(topics).to_pylist() if t is not None]
-    for topic in distinct:
-        in_topic = pa.array(np.ones(batch.num_rows, dtype=bool)) if topics is None else pc.equal(topics, topic)
+    for topic, in_topic in masks.items():
         try:
-            count = partition_count(topic)
+            count = destinations.partitions(topic)
         except UnknownTopicError as exc:
             if topics is None:
                 raise  # the topic option's own topic (checked on the driver) is gone: no record is at fault
@@ -139,6 +163,12 @@ def find_refusals(batch: pa.RecordBatch, topic_option: str | None, max_message_b
 # Messages made by a function rather than a lambda in the loop: called later, each keeps its own values.
 def _said(text: str) -> Callable[[int], str]:
     return lambda row: text
+
+
+def _too_large(batch: pa.RecordBatch, size: pa.Array, limit: str) -> Callable[[int], str]:
+    what = "key+value+headers" if "headers" in batch.schema.names else "key+value"
+    return lambda row: (f"{what} with the record framing is {size[row].as_py()} bytes, more than {limit}; raise "
+                        "kafka.message.max.bytes and the topic's max.message.bytes, or make the record smaller")
 
 
 def _out_of_range(parts: pa.Array, topic: str, count: int) -> Callable[[int], str]:

@@ -277,8 +277,12 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
     t, m = e.task, e.own_marker
     delivered = delivered_by(e, others)
     committed = [d.prior for d in delivered if d.all_logged]
-    gone = [d.prior for d in delivered if not d.prior.proven]
+    # A committed transaction whose proof is gone leaves its records unknown: skipping could lose them and sending
+    # could repeat them. An at_least_once attempt whose proof is gone here and was never checkpointed to Kafka (it
+    # died before its first drain's chunk, or delivered nothing) is what its mode already allows: sent again.
+    gone = [p for p in committed if not p.proven]
     claim = tuple(d for d in delivered if d.prior.proven)
+    unproven = tuple(d.prior for d in delivered if not d.all_logged and not d.prior.proven)
     if m is None:
         # No marker: no transaction holds this partition number, or the brokers expired its marker. This run's
         # attempts of the partition that committed hold all they logged (done comes only after the commit
@@ -290,7 +294,7 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
         if gone:
             return _refuse_unproven(e, gone)
         return Send(resume=tuple(Take(p, all_logged=True) for p in own_done), claim=claim, holders=tuple(own_done),
-                    committed_records=sum(p.records for p in own_done), overdue=overdue)
+                    committed_records=sum(p.records for p in own_done), unproven=unproven, overdue=overdue)
     if m.run is None or t.run is None or m.run == t.run:
         # A retry in the run that committed: resume from the committed attempts if their proof is at hand.
         here = {p.name: p for p in priors if p.partition == t.partition}
@@ -300,7 +304,7 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
                                       "partition's committed transactions hold")
         ours = {d.prior.name for d in claim}
         return Send(resume=tuple(Take(h, all_logged=True) for h in holders if h.name not in ours), claim=claim,
-                    holders=tuple(holders), committed_records=m.records, overdue=overdue)
+                    holders=tuple(holders), committed_records=m.records, unproven=unproven, overdue=overdue)
     # Another run committed this partition number since; the rows may be split otherwise now, so judge by content.
     # This run's own attempts of the partition that committed hold all they logged too (a zombie of an overtaken run
     # whose marker the brokers expired before the newer run wrote its own): they are skipped record by record.
@@ -313,7 +317,7 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
                                   "topic holds its digests")
     extra = [p for p in own_done if p.name not in set(m.attempts or ())]
     return Send(resume=tuple(Take(p, all_logged=True) for p in own_done), claim=claim, holders=(*holders, *extra),
-                committed_records=m.records + sum(p.records for p in extra), overdue=overdue)
+                committed_records=m.records + sum(p.records for p in extra), unproven=unproven, overdue=overdue)
 
 
 def _proves(holders: list[Prior], m: Marker) -> bool:

@@ -15,7 +15,7 @@ from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity
 from recoverable_sink.errors import InputCutShortError
 from recoverable_sink.executor.attempt_log import LogOfAttempt, open_log
-from recoverable_sink.executor.delivery import AtLeastOnce, DeliveryMode, Transactional, TransactionClient
+from recoverable_sink.executor.delivery import AtLeastOnce, DeliveryMode, MarkerReader, Transactional, TransactionClient
 from recoverable_sink.executor.kafka_proof import KafkaProofLog, ProofStart
 from recoverable_sink.executor.partition_writer import Clock, PartitionWriter, final_wait_s
 from recoverable_sink.executor.proof import NoProofTopic, ProofTopic
@@ -27,11 +27,12 @@ __all__ = ["PartitionWriter", "mode_for", "open_writer", "write_partition"]
 
 
 def mode_for(options: SinkOptions, ident: TaskIdentity, producer: SinkProducer | None = None,
-             transaction: TransactionClient | None = None) -> DeliveryMode:
+             transaction: TransactionClient | None = None, markers: MarkerReader | None = None) -> DeliveryMode:
     """The delivery mode of ``options.guarantee``. ``producer`` replaces the pooled one (at_least_once), and
-    ``transaction`` the partition's transaction (exactly_once): a test's or the model's scripted ones."""
+    ``transaction`` the partition's transaction and ``markers`` the reader of other partitions' markers
+    (exactly_once): a test's or the model's scripted ones."""
     if options.exactly_once:
-        return Transactional(options, ident, final_wait_s(options), transaction)
+        return Transactional(options, ident, final_wait_s(options), transaction, markers)
     return AtLeastOnce(options, producer)
 
 
@@ -45,13 +46,17 @@ def proof_for(options: SinkOptions, ident: TaskIdentity, start: ProofStart | Non
 
 def open_writer(options: SinkOptions, plan: SchemaPlan, ident: TaskIdentity, cluster_id: str,
                 producer: SinkProducer | None = None, *, transaction: TransactionClient | None = None,
-                log: LogOfAttempt | None = None, proof: ProofTopic | None = None,
-                proof_start: ProofStart | None = None, clock: Clock | None = None) -> PartitionWriter:
-    """A started writer for ``options.guarantee`` (see :func:`mode_for`); ``log``, ``proof`` and ``clock`` replace the
-    host's WAL, the proof topic and time for a test or the model."""
-    return PartitionWriter(options, plan, ident, cluster_id, mode_for(options, ident, producer, transaction),
+                markers: MarkerReader | None = None, log: LogOfAttempt | None = None,
+                proof: ProofTopic | None = None, proof_start: ProofStart | None = None,
+                clock: Clock | None = None, topic_max: Callable[[str], int | None] | None = None) -> PartitionWriter:
+    """A started writer for ``options.guarantee`` (see :func:`mode_for`); ``log``, ``proof``, ``clock`` and
+    ``topic_max`` (a topic column's topics' max.message.bytes) replace the host's WAL, the proof topic, time and the
+    brokers' answers for a test or the model."""
+    return PartitionWriter(options, plan, ident, cluster_id,
+                           mode_for(options, ident, producer, transaction, markers),
                            log if log is not None else open_log(options, ident),
-                           proof if proof is not None else proof_for(options, ident, proof_start), clock).start()
+                           proof if proof is not None else proof_for(options, ident, proof_start), clock,
+                           topic_max).start()
 
 
 def write_partition(batches: Iterable[pa.RecordBatch], options: SinkOptions, plan: SchemaPlan,

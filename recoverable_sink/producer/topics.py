@@ -63,3 +63,19 @@ def create_as_brokers_would(options: SinkOptions, topic: str, timeout_s: float) 
             return None
         time.sleep(0.1)
     return f"it was created but had no leader within {timeout_s:g} s"
+
+
+def max_message_bytes(options: SinkOptions, topic: str, timeout_s: float) -> int | None:
+    """A topic's ``max.message.bytes`` (None where it cannot be read: the brokers still enforce it, and a record they
+    refuse fails its task with their error)."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    admin = AdminClient({**client_config(options)})
+    try:
+        config = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(
+            timeout=timeout_s + MARGIN_S)
+        entry = config.get("max.message.bytes")
+        return int(entry.value) if entry is not None and entry.value is not None else None
+    except (KafkaException, ValueError, TimeoutError) as exc:
+        log.info("could not read topic %s's max.message.bytes (%s); the brokers still enforce it", topic,
+                 options.scrub(str(exc)))
+        return None

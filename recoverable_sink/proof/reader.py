@@ -1,10 +1,6 @@
-"""Reading the proof topic (executor and driver): one write's proof from its scope's partitions (:func:`read_view`, the
-two passes :mod:`.view` describes), the ends of a partition, and the directory of where each scope's live proof starts
-(:class:`Directory`).
-
-Every read has a deadline the sink owns: a consumer's calls are bounded, and a loop that waits for the last stable
-offset to pass a point gives up at its deadline with an error that names the open transaction holding it back.
-"""
+"""Consumers of the proof topic (executor and driver): kept per process, each read bounded by a deadline the sink owns;
+the ends of a partition, a range of its records, and the directory of where each scope's live proof starts
+(:class:`Directory`). What a read makes of the records is :mod:`.read`'s and :mod:`.view`'s."""
 
 from __future__ import annotations
 
@@ -16,10 +12,8 @@ from contextlib import contextmanager
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from recoverable_sink._logging import get_logger
-from recoverable_sink.errors import DeliveryError
 from recoverable_sink.options import KafkaProof, SinkOptions, client_config, short_lived
 from recoverable_sink.proof.format import DirectoryKey, decode_directory, parse_key
-from recoverable_sink.proof.view import ProofView
 
 log = get_logger("proof")
 
@@ -121,59 +115,6 @@ def read_range(c: Consumer, topic: str, partition: int, start: int, end: int, de
             c.unassign()
             return
     raise TimeoutError(f"reading partition {partition} of proof topic {topic} up to offset {end}")
-
-
-def read_view(options: SinkOptions, proof: KafkaProof, view: ProofView, starts: dict[int, int]) -> ProofView:
-    """Fill ``view`` from the proof topic, from ``starts`` (proof partition -> first offset) to its end now."""
-    limit = read_limit_s(options)
-    deadline = time.monotonic() + limit
-    try:
-        ends: dict[int, int] = {}
-        froms: dict[int, int | None] = {}
-        committed: list[int] = []
-        with consumer(options, committed=False) as first:
-            for partition, start in sorted(starts.items()):
-                low, high = partition_ends(first, TopicPartition(proof.topic, partition), deadline)
-                if low > start:
-                    view.truncated = True  # retention deleted what the write's proof was to start with
-                ends[partition] = high
-                view.own_run_from, view.needs_committed = None, False
-                read_range(first, proof.topic, partition, max(start, low), high, deadline, view.first_pass)
-                froms[partition] = view.own_run_from
-                if view.needs_committed:
-                    committed.append(partition)
-        view.own_runs_from = froms
-        if committed:
-            with consumer(options, committed=True) as second:
-                for partition in committed:
-                    found = froms[partition]
-                    until = ends[partition] if found is None else found
-                    wait_stable(second, proof.topic, partition, until, deadline, limit)
-                    read_range(second, proof.topic, partition, starts[partition], until, deadline,
-                               view.second_pass)
-    except (KafkaException, TimeoutError) as exc:
-        raise DeliveryError(
-            f"the proof topic {proof.topic} could not be read within {limit:.0f} s (from kafka.delivery.timeout.ms): "
-            f"{options.scrub(str(exc))}; check that the brokers are up and that this principal may READ it") from None
-    return view
-
-
-def wait_stable(c: Consumer, topic: str, partition: int, until: int, deadline: float, limit: float) -> None:
-    """Return once the partition's last stable offset reached ``until``: every transaction below it has ended, so a
-    read_committed read sees exactly the committed ones."""
-    tp = TopicPartition(topic, partition)
-    while True:
-        _low, stable = partition_ends(c, tp, deadline)
-        if stable >= until:
-            return
-        if time.monotonic() >= deadline:
-            raise DeliveryError(
-                f"partition {partition} of the proof topic {topic} has a transaction open below offset {until} for "
-                f"over {limit:.0f} s (its last stable offset is {stable}), so which earlier transactions committed "
-                "cannot be read yet; it ends within its kafka.transaction.timeout.ms, or abort it with "
-                "`recoverable-kafka-wal transactions --prefix <transactional.id.prefix> --abort`. Spark retries the "
-                "task")
-        time.sleep(0.05)
 
 
 def high_watermark(options: SinkOptions, proof: KafkaProof, partition: int) -> int:

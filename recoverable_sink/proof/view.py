@@ -2,10 +2,11 @@
 two passes over its proof partition, by :mod:`.reader` from Kafka or by a test's scripted broker from memory.
 
 The first pass reads every record (``read_uncommitted``): at_least_once chunks, written outside any transaction, are
-facts once there, and so are claims; the first record of this task's own run marks where the evidence ends (``X``),
-since what this run writes is this run's. The second pass reads committed records only (``read_committed``) below
-``X``: exactly_once chunks and markers count only if their transaction committed, and records of an earlier run lie
-below ``X`` (once the partition's last stable offset passed it, every transaction among them has ended).
+facts once there, and so are claims; the first record of another partition of this task's own run marks where the
+evidence ends (``X``): from there on, transactions of this run may still be open. The second pass reads committed
+records only (``read_committed``) below ``X``: exactly_once chunks and markers count only if their transaction
+committed; earlier runs' records, and this partition's earlier attempts' (which opening this attempt fenced), lie
+below ``X``, and once the partition's last stable offset passed it, every transaction among them has ended.
 """
 
 from __future__ import annotations
@@ -68,11 +69,12 @@ class Claim:
 
 @dataclass
 class ProofView:
-    """One write's proof (``write_id``, in ``scope``), as task attempt of ``run`` reads it."""
+    """One write's proof (``write_id``, in ``scope``), as a task attempt of ``run`` and ``partition`` reads it."""
 
     scope: str
     write_id: str
     run: str | None
+    partition: int | None = None
     attempts: dict[str, AttemptProof] = field(default_factory=dict)
     markers: dict[int, Marker] = field(default_factory=dict)  # this write's committed markers, by partition
     claims: list[Claim] = field(default_factory=list)  # this run's, in the log's order
@@ -111,7 +113,9 @@ class ProofView:
         if mine is not None and theirs is not None and theirs < mine and raw_key is not None:
             self.older.append((key.partition, raw_key))  # released by this micro-batch's tasks
         own = self.run is not None and key.run == self.run and key.write_id == self.write_id
-        if own and self.own_run_from is None:
+        # X: the first record of another partition of this run, whose transaction may still be open. This partition's
+        # earlier attempts of the run are below or past it alike: opening this attempt fenced them, so theirs ended.
+        if own and key.partition != self.partition and self.own_run_from is None:
             self.own_run_from = offset
         if key.write_id != self.write_id or value is None:
             return
@@ -122,7 +126,7 @@ class ProofView:
                     self.claims.append(Claim(offset, key.partition, key.nonce, tuple(copies)))
             return
         if key.exactly_once:
-            if not own and self.own_run_from is None:
+            if self.own_run_from is None:
                 self.needs_committed = True
             return
         chunk = decode_chunk(value)
@@ -141,7 +145,8 @@ class ProofView:
             if marker.write_id == self.write_id:
                 self.markers[key.partition] = marker
             return
-        if isinstance(key, ChunkKey) and key.exactly_once and key.write_id == self.write_id and key.run != self.run:
+        if isinstance(key, ChunkKey) and key.exactly_once and key.write_id == self.write_id and (
+                key.run != self.run or key.partition == self.partition):
             chunk = decode_chunk(value)
             if chunk is not None:
                 self._attempt(key).add(raw_key or b"", chunk, key.seq)

@@ -1,0 +1,144 @@
+"""Mutants of the writer's rules that the model (``test_writer_model.py``) must catch: each is a plausible mistake in
+the plan, the claims or the release, and the model, run on it for a bounded, fixed set of sequences, must fail with a
+violation of its invariants. A mutant that survives means the model no longer looks where the mistake would hurt.
+
+``make mutants`` runs them alone; they are part of ``make unit`` too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from recoverable_sink.driver import proof_place
+from recoverable_sink.executor import partition_writer, resume_plan
+from recoverable_sink.proof.claims import KafkaClaims
+from tests.unit.executor import test_writer_model as model
+
+EXAMPLES = 400  # sequences each mutant gets; the fixed seed makes them the same sequences every run
+
+
+def _refuses_everything() -> Iterator[None]:
+    """A planner that refuses every attempt: nothing is ever lost or repeated, and nothing completes."""
+    real = partition_writer.plan
+
+    def refusing(evidence: resume_plan.Evidence) -> resume_plan.Plan:
+        found = real(evidence)
+        if isinstance(found, resume_plan.Send | resume_plan.SkipIfCommitted):
+            return resume_plan.Refuse("mutant", "none")
+        return found
+
+    partition_writer.plan = refusing
+    try:
+        yield
+    finally:
+        partition_writer.plan = real
+
+
+def _logged_as_acknowledged() -> Iterator[None]:
+    """at_least_once takes every record an earlier attempt logged as delivered, acknowledged or not: what a kill left
+    logged but never delivered is skipped by the retry, and lost."""
+    real = resume_plan.delivered_by
+
+    def all_logged(e: resume_plan.Evidence, others):  # type: ignore[no-untyped-def]
+        return [resume_plan.Take(t.prior, all_logged=True) for t in real(e, others)]
+
+    real_alo = resume_plan._at_least_once
+
+    def alo(e, own_run, others, overdue):  # type: ignore[no-untyped-def]
+        found = real_alo(e, own_run, others, overdue)
+        return resume_plan.Send(resume=tuple(resume_plan.Take(t.prior, True) for t in found.resume),
+                                claim=tuple(resume_plan.Take(t.prior, True) for t in found.claim),
+                                unproven=found.unproven, overdue=found.overdue)
+
+    resume_plan.delivered_by, resume_plan._at_least_once = all_logged, alo
+    try:
+        yield
+    finally:
+        resume_plan.delivered_by, resume_plan._at_least_once = real, real_alo
+
+
+def _ignores_claims() -> Iterator[None]:
+    """Every partition of a re-run skips any record another run delivered, without claiming the copy: equal records in
+    two partitions both skip one delivered copy, and one is lost."""
+    real = KafkaClaims.take
+
+    def unclaimed(self: KafkaClaims, digests: list[bytes]) -> list[bool]:
+        return [self.proven.get(d, 0) > 0 for d in digests]
+
+    KafkaClaims.take = unclaimed  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        KafkaClaims.take = real  # type: ignore[method-assign]
+
+
+def _never_skips_committed() -> Iterator[None]:
+    """exactly_once ignores the markers and the committed attempts: a retry of a committed partition sends it again."""
+    real = resume_plan._exactly_once
+
+    def resend(e, priors, others, overdue):  # type: ignore[no-untyped-def]
+        return resume_plan.Send(overdue=overdue)
+
+    resume_plan._exactly_once = resend
+    try:
+        yield
+    finally:
+        resume_plan._exactly_once = real
+
+
+def _releases_a_live_writes_proof() -> Iterator[None]:
+    """The driver releases a wal.writeId write's proof at its commit as if its id were generated: a re-run of the
+    committed write (which must send nothing) finds no proof once the topic is compacted."""
+    real = proof_place.finish_write
+
+    def as_generated(options, write_id, start, generated, messages, io=None):  # type: ignore[no-untyped-def]
+        real(options, write_id, start, True, messages, io)
+
+    proof_place.finish_write = as_generated
+    try:
+        yield
+    finally:
+        proof_place.finish_write = real
+
+
+# Each mutant, and the invariant it must break (words of the model's violation).
+MUTANTS: dict[str, tuple[Callable[[], Iterator[None]], tuple[str, ...]]] = {
+    "refuses-everything": (_refuses_everything, ("liveness",)),
+    "logged-as-acknowledged": (_logged_as_acknowledged, ("lost",)),
+    "ignores-claims": (_ignores_claims, ("lost",)),
+    "never-skips-committed": (_never_skips_committed, ("repeated", "more often")),
+    "releases-a-live-writes-proof": (_releases_a_live_writes_proof, ("repeated", "more often")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_the_model_catches_the_mutant(name: str) -> None:
+    case = model.WriterModel.TestCase
+    saved = case.settings
+    case.settings = settings(saved, max_examples=EXAMPLES, phases=[Phase.generate], derandomize=True, database=None,
+                             suppress_health_check=list(HealthCheck))
+    mutant, breaks = MUTANTS[name]
+    try:
+        with contextmanager(mutant)():
+            with pytest.raises(BaseException) as caught:
+                case().runTest()
+    finally:
+        case.settings = saved
+    found = [str(v) for v in _violations(caught.value)]
+    assert any(word in v for v in found for word in breaks), \
+        f"mutant {name} did not break what it should ({' or '.join(breaks)}): {found or repr(caught.value)}"
+
+
+def _violations(exc: BaseException) -> list[model.Violation]:
+    if isinstance(exc, model.Violation):
+        return [exc]
+    found = []
+    for inner in getattr(exc, "exceptions", ()):
+        found += _violations(inner)
+    if exc.__context__ is not None and exc.__context__ is not exc:
+        found += _violations(exc.__context__)
+    return found
