@@ -76,7 +76,7 @@ chaos: setup
 
 # The mutants of the writer's rules the model must catch (also part of make unit).
 mutants: setup
-	$(PYTHON) -m pytest -q -p no:logging tests/unit/executor/test_writer_model_mutants.py
+	$(PYTHON) -m pytest -q tests/unit/executor/test_writer_model_mutants.py
 
 bench: setup
 	$(PYTHON) -m bench.run

@@ -670,7 +670,9 @@ class PartitionWriter:
         try:
             for acks in self.log.settle():
                 self.ledger.give_back(acks)
-            waiting = self.ledger.outstanding and self.mode.waits_on_abort
+            # at_least_once: what Kafka acknowledged stays delivered, so its last proof chunk is worth the wait too (a
+            # retry on another host skips by it).
+            waiting = self.mode.waits_on_abort and (self.ledger.outstanding or self.ledger.proof_outstanding)
             self._checkpoint(wait_s=min(delivery_timeout_s(self.options), 60.0) if waiting else 0)
         except Exception as secondary:  # noqa: BLE001 - the original error is the one to report
             log.warning("%s: could not checkpoint acknowledgements after the failure: %s", self.where,
