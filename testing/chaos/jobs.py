@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conf", action="append", default=[], metavar="NAME=VALUE", help="a Spark setting")
     p.add_argument("--shuffle", type=int, default=0,
                    help="repartition(N, id %% 97) before the sink: a retried task reads its rows in another order")
+    p.add_argument("--fail-at", type=int, default=None, metavar="ROW",
+                   help="an upstream error at that row, in every attempt of its partition: the write fails")
     p.add_argument("--delay", action="append", default=[], metavar="PARTITION=SECONDS[@ROW]",
                    help="an upstream Python UDF holds back the partition's first row (or its ROW-th) that long, in "
                         "its first attempt")
@@ -66,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             seconds, _, row = rest.partition("@")
             delays[int(partition)] = (float(seconds), int(row or 0))
         df = df.withColumn("value", _delayed(delays, args.rows // args.partitions)("value"))
+    if args.fail_at is not None:
+        df = df.withColumn("value", F.when(F.col("key") == f"{args.prefix}-{args.fail_at}", F.raise_error(
+            F.lit(f"upstream failure at row {args.fail_at}"))).otherwise(F.col("value")))
     if args.shuffle:
         df = df.repartition(args.shuffle, (F.split("key", "-").getItem(1).cast("long") % 97))
     options = dict(item.split("=", 1) for item in args.option)

@@ -240,3 +240,52 @@ def test_a_replay_to_the_wrong_cluster_is_refused_and_never_counts_as_delivered(
            _batch(0, rows))
     assert verdict((str(i) for i in range(rows)), ids_in_topic(kafka_a.bootstrap_servers, topic, expected=rows)) \
         == (0, 0, 0)
+
+
+# ---- issue 61: a clock stepped during a same-id re-run; a re-run that changes the delivery guarantee ---------------
+def _job(kafka, topic, wal, log, rows, partitions, prefix, options, fail_at=None, **env):
+    args = ["-m", "testing.chaos.jobs", "--master", "local[2,4]", "--rows", str(rows), "--partitions", str(partitions),
+            "--prefix", prefix, "--bootstrap", kafka.bootstrap_servers, "--topic", topic, "--wal", str(wal),
+            "--summary", str(log.with_suffix(".jsonl")), *[a for k, v in options.items() for a in ("--option",
+                                                                                                     f"{k}={v}")]]
+    if fail_at is not None:
+        args += ["--fail-at", str(fail_at)]
+    from testing.chaos.lab import python_subprocess
+
+    return python_subprocess(args, log, **env).wait(600), log
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_host_clock_stepped_during_a_same_id_rerun_changes_nothing_a_reader_sees(kafka, new_topic, tmp_path, mode):
+    """Issue 61's first case: run 1 (4 partitions, wal.proofMaxBytes=1k) fails late in partition 3; run 2 re-runs it
+    with the same wal.writeId on 8 partitions on a host whose clock stepped an hour ahead. A sweep trimmed run 1's
+    proof once the 10-minute 'recent activity' guard on the host clock passed: 5,000 records visible twice."""
+    from pathlib import Path
+
+    rows, topic, wal, prefix = 20_000, new_topic(4), tmp_path / "wal", f"clock-{mode[:3]}-{uuid.uuid4().hex[:6]}"
+    options = {"delivery.guarantee": mode, "wal.writeId": prefix, "transactional.id.prefix": f"{prefix}-",
+               "wal.proofMaxBytes": "1k"}
+    fail_at = 3 * rows // 4 + random.randrange(rows // 8, rows // 4 - 1)
+    print(f"run 1 fails at row {fail_at}")
+    code, log = _job(kafka, topic, wal, tmp_path / "run1.log", rows, 4, prefix, options, fail_at)
+    assert code != 0 and f"upstream failure at row {fail_at}" in log.read_text(errors="replace")
+    hook = Path(__file__).resolve().parents[2] / "testing" / "clock_step"
+    code, log = _job(kafka, topic, wal, tmp_path / "run2.log", rows, 8, prefix, options,
+                     PYTHONPATH=f"{hook}:{Path(__file__).resolve().parents[2]}", RECOVERABLE_KAFKA_CLOCK_STEP_S="3600")
+    assert code == 0, log.read_text(errors="replace")[-3000:]
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=rows)
+    assert verdict((f"{prefix}-{i}" for i in range(rows)), found) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("first", "then"), [("at_least_once", "exactly_once"), ("exactly_once", "at_least_once")])
+def test_a_rerun_that_changes_the_guarantee_counts_what_the_failed_run_delivered(spark, kafka, new_topic, tmp_path,
+                                                                               first, then):
+    """Issue 61's second case: a failed at_least_once write re-run with exactly_once repeated everything it had
+    delivered (15,000 of 20,000): its acknowledged records are visible to read_committed readers, and count as
+    delivered whichever mode delivered them. The reverse switch too."""
+    topic, wal, write_id = new_topic(4), tmp_path / "wal", f"switch-{uuid.uuid4().hex[:8]}"
+    options = {"wal.writeId": write_id, "transactional.id.prefix": f"{write_id}-"}
+    _fail_late_in(spark, kafka, topic, wal, {**options, "delivery.guarantee": first}, 4, random.randrange(4))
+    sink_writer(_frame(spark, 4), kafka.bootstrap_servers, topic, wal, **options, **{"delivery.guarantee": then}).save()
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=ROWS)
+    assert verdict((str(i) for i in range(ROWS)), found) == (0, 0, 0)
