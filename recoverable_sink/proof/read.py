@@ -5,9 +5,10 @@ The second pass needs the partition's last stable offset past the point where th
 transaction below it has then ended, committed or aborted. A transaction left open below it by a dead attempt of
 another run of the write (a killed task, a lost executor) would hold the read until the brokers time it out
 (``kafka.transaction.timeout.ms``, 15 minutes), and with it every partition of the re-run. Its records name the
-write's scope and partition, so its transactional id is known: the reader fences it, as that partition's own retry
-would (``init_transactions`` aborts it, or completes a commit already under way). A transaction of another scope
-(another write sharing the proof partition) is only waited for, up to the read's deadline.
+write's scope and partition, so its transactional id is known: after a few seconds (that partition's own task of this
+run may fence it first, as it starts) the reader fences it, as that task would (``init_transactions`` aborts it, or
+completes a commit already under way). A transaction of another scope (another write sharing the proof partition)
+is only waited for, up to the read's deadline.
 """
 
 from __future__ import annotations
@@ -80,15 +81,22 @@ def read_view(reads: Reads, view: ProofView, starts: dict[int, int], transaction
     return view
 
 
+# How long a reader waits for an open transaction below its point to end by itself before it fences it: that
+# partition's own task of this run fences it as it starts (their transactional ids are one), and a fence by a reader
+# fails that task if it has already started.
+FENCE_AFTER_S = 5.0
+
+
 def _stable_to(reads: Reads, view: ProofView, partition: int, until: int,
                transactional_id: Callable[[str, int], str], deadline: float, limit: float,
                sleep: Callable[[float], None]) -> None:
     fenced: set[str] = set()
+    fence_from = time.monotonic() + min(FENCE_AFTER_S, limit / 4)
     while True:
         stable = reads.stable(partition)
         if stable >= until:
             return
-        key = parse_key(reads.key_at(partition, stable))
+        key = parse_key(reads.key_at(partition, stable)) if time.monotonic() >= fence_from else None
         if isinstance(key, ChunkKey | MarkerKey) and key.scope == view.scope:
             txn = transactional_id(key.scope, key.partition)
             if txn not in fenced:  # below this run's own records: another run's, and its attempt is gone or a zombie

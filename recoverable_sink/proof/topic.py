@@ -66,9 +66,13 @@ def ensure_topic(options: SinkOptions, admin: AdminClient, proof: KafkaProof) ->
         log.info("created the proof topic %s (%d partitions, %s)", proof.topic, proof.partitions,
                  ", ".join(f"{k}={v}" for k, v in configs.items()))
         break
-    count = _partitions(admin, proof.topic, timeout_s)
-    if count is None:
-        raise OptionError(f"the proof topic {proof.topic} was created but is not visible yet; try again")
+    # A topic just created reaches the brokers' metadata a moment later: poll for it within the preflight deadline.
+    deadline = time.monotonic() + timeout_s
+    while (count := _partitions(admin, proof.topic, timeout_s)) is None:
+        if time.monotonic() >= deadline:
+            raise OptionError(f"the proof topic {proof.topic} was created but the brokers did not list it within "
+                              f"{timeout_s:g} s (preflight.timeoutMs): check the brokers, then try again")
+        time.sleep(0.1)
     return count
 
 
