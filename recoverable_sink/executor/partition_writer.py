@@ -359,6 +359,10 @@ class PartitionWriter:
         """Check one batch, log what must be sent, and produce the batch before it."""
         if raw.num_rows == 0:
             return
+        if self.ledger.failed:
+            # A drain found a record librdkafka gave up on (delivery.timeout.ms passed): this attempt cannot commit,
+            # and each further drain could wait out the delivery timeout again (brokers gone: minutes an attempt).
+            raise self._undelivered()
         if self.phase is Phase.SKIPPING:
             # Only counted, and fingerprinted: the end checks it is the input the marker's transactions committed.
             self.fingerprint.add(record_digests(normalise(raw, self.plan), self.plan.topic_option, self.cluster_id))
@@ -560,6 +564,16 @@ class PartitionWriter:
         self.phase = Phase.COMMITTED
         return message
 
+    def _undelivered(self) -> DeliveryError:
+        """The error of an attempt some of whose records Kafka did not acknowledge."""
+        ledger = self.ledger
+        problem = ledger.first_error() or f"{ledger.outstanding} records still unacknowledged at the deadline"
+        return DeliveryError(
+            f"{self.where}: Kafka did not acknowledge {ledger.failed + ledger.outstanding} of "
+            f"{ledger.produced} records: {self.options.scrub(problem)}. They stay in WAL "
+            f"{self.log.path or '(disabled)'}; re-run the write with "
+            f"wal.writeId={self.ident.write_id} to send only those")
+
     def _commit_skipped(self) -> SinkCommitMessage:
         """A committed transaction holds the partition: nothing was sent. Its input must be the one committed (the
         marker's fingerprint; its count, for a marker without one), or part of the partition would be lost or
@@ -584,13 +598,7 @@ class PartitionWriter:
         self._checkpoint(wait_s=final_wait_s(self.options))
         ledger = self.ledger
         if ledger.failed or ledger.outstanding:
-            problem = ledger.first_error() or f"{ledger.outstanding} records still unacknowledged at the deadline"
-            raise DeliveryError(
-                f"{self.where}: Kafka did not acknowledge {ledger.failed + ledger.outstanding} of "
-                f"{ledger.produced} records: {self.options.scrub(problem)}. They stay in WAL "
-                f"{self.log.path or '(disabled)'}; re-run the write with "
-                f"wal.writeId={self.ident.write_id} to send only those"
-            )
+            raise self._undelivered()
         message = self.message
         message.received = self.position
         message.acknowledged = ledger.acked
