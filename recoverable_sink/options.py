@@ -117,6 +117,7 @@ _SINK_OPTIONS = {
     "proof.partitions",
     "proof.replicationfactor",
     "proof.retentionhours",
+    "proof.failonexpired",
 }
 # Schema Registry framing, per field: "<field>.<name>" for field in key, value.
 _REGISTRY_OPTIONS = ("schema.registry.url", "subject", "subject.name.strategy", "avro.schema",
@@ -197,13 +198,16 @@ class RegistryFraming:
 class KafkaProof:
     """Proof of delivery kept in the proof topic too (:mod:`recoverable_sink.proof`): ``topic``, created on the
     driver with ``partitions`` and ``replication`` (-1: the brokers' default) where it is missing, whose records live
-    ``retention_hours``. ``known_partitions`` is the topic's partition count as the driver found it (0 before)."""
+    ``retention_hours``. ``known_partitions`` is the topic's partition count as the driver found it (0 before).
+    ``fail_on_expired``: an exactly_once attempt that would send while the retention deleted part of its write's proof
+    fails instead (Spark's Kafka source's failOnDataLoss, for repeats)."""
 
     topic: str
     partitions: int = DEFAULT_PROOF_PARTITIONS
     replication: int = -1
     retention_hours: float = DEFAULT_PROOF_RETENTION_HOURS
     known_partitions: int = 0
+    fail_on_expired: bool = True
 
 
 @dataclass(frozen=True)
@@ -610,7 +614,9 @@ def _proof(lowered: Mapping[str, str]) -> ProofPlace:
     if hours <= 0:
         raise OptionError(f"option proof.retentionHours={hours:g} must be more than 0: it is how long a write can "
                           "be re-run exactly from any host")
-    return KafkaProof(topic=topic, partitions=partitions, replication=replication, retention_hours=hours)
+    fail = _parse_bool("proof.failOnExpired", lowered.get("proof.failonexpired", "true"))
+    return KafkaProof(topic=topic, partitions=partitions, replication=replication, retention_hours=hours,
+                      fail_on_expired=fail)
 
 
 def _error_tolerance(lowered: Mapping[str, str], topic: str | None) -> ErrorTolerance:

@@ -108,10 +108,12 @@ def advance_stream(options: SinkOptions, messages: Sequence[WriterCommitMessage 
     if found_io is None or not done or done[0].query_id is None:
         return
     lows = [m.proof_low for m in done if m.proof_low is not None]
-    if not lows:
-        return
+    partition = done[0].proof_partition
     try:
-        _write_entry(found_io, done[0].query_id, {done[0].proof_partition: min(lows)})
+        # A micro-batch that wrote no proof (empty partitions) moves the entry to the partition's end: left where it
+        # was, it would age past the retention in an idle query and its next micro-batch would find it expired.
+        low = min(lows) if lows else found_io.high_watermark(partition)
+        _write_entry(found_io, done[0].query_id, {partition: low})
     except Exception as exc:  # noqa: BLE001 - the next micro-batch then reads from the entry as it was
         log.warning("query %s: its directory entry in the proof topic could not be moved on (%s)", done[0].query_id,
                     options.scrub(str(exc)))

@@ -52,6 +52,10 @@ class RemoteProof(Protocol):
         """This write's committed markers the proof topic holds, by partition (exactly_once)."""
         ...
 
+    def expired(self) -> bool:
+        """Whether the topic's retention deleted part of where this write's proof starts."""
+        ...
+
 
 class LocalAttempts(Protocol):
     """This host's WAL as the evidence sees it (:class:`recoverable_sink.executor.attempt_log.AttemptLog`)."""
@@ -103,8 +107,10 @@ class Gatherer:
 
     def __init__(self, task: Callable[[], TaskAttempt], log: LocalAttempts, remote: RemoteProof,
                  markers: Callable[[list[int], str | None], Mapping[int, tuple[Marker, ...]]],
-                 topic: str | None, query_id: str | None, cluster_id: str | None = None) -> None:
+                 topic: str | None, query_id: str | None, cluster_id: str | None = None,
+                 fail_on_expired: bool = True) -> None:
         self._task = task
+        self.fail_on_expired = fail_on_expired
         self.cluster_id = cluster_id
         self.log = log
         self.remote = remote
@@ -149,7 +155,8 @@ class Gatherer:
         later = max((b for b in (here, marker_batch, self.remote.latest_micro_batch()) if b is not None),
                     default=None)
         return Evidence(task=task, priors=priors, own_marker=own_marker, markers=markers, later_micro_batch=later,
-                        waited_out=waited_out, wal=self.log.path, proof_topic=self.remote.topic)
+                        waited_out=waited_out, wal=self.log.path, proof_topic=self.remote.topic,
+                        proof_expired=self.remote.expired(), fail_on_expired=self.fail_on_expired)
 
 
 class NoRemoteProof:
@@ -165,3 +172,6 @@ class NoRemoteProof:
 
     def markers(self) -> dict[int, Marker]:
         return {}
+
+    def expired(self) -> bool:
+        return False

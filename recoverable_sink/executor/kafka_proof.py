@@ -115,6 +115,9 @@ class KafkaProofLog:
         """This write's committed markers the proof topic holds, by partition."""
         return dict(self.view().markers)
 
+    def expired(self) -> bool:
+        return self.view().truncated
+
     def segments(self, name: str) -> list[RemoteSegment]:
         found = self.view().attempts.get(name)
         if found is None:

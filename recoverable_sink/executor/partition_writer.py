@@ -65,7 +65,7 @@ from recoverable_sink.executor.resume_plan import (
     plan,
 )
 from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet, Fingerprint, record_digests, slices, split
-from recoverable_sink.options import DeadLetterTopic, SinkOptions
+from recoverable_sink.options import DeadLetterTopic, KafkaProof, SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.protocol import SinkProducer
@@ -255,7 +255,9 @@ class PartitionWriter:
             self.log.begin(self.ident, {"kind": self.ident.kind, "topic": self.plan.topic_option,
                                         "cluster_id": self.cluster_id, "guarantee": self.options.guarantee})
             gather = Gatherer(self._task, self.log, self.proof, self.mode.markers, self.plan.topic_option,
-                              self.ident.query_id if self.ident.kind == "stream" else None, self.cluster_id)
+                              self.ident.query_id if self.ident.kind == "stream" else None, self.cluster_id,
+                              fail_on_expired=not isinstance(self.options.proof, KafkaProof)
+                              or self.options.proof.fail_on_expired)
             # A zombie stands down on what this host's WAL holds, before its producer fences anyone.
             self._follow_early(plan(gather.local()))
             opened = self.mode.open(self.plan.topic_option)
@@ -326,6 +328,10 @@ class PartitionWriter:
             log.warning("WAL %s: the proof of delivery of %d earlier attempt(s) of write %s is gone (wal.proofMaxBytes "
                         "took this host's copy and the proof topic holds none), so what they delivered is not known "
                         "here and is sent again", self.log.path, len(found.unproven), self.ident.write_id)
+        if self._evidence.proof_expired:
+            log.warning("%s: the proof topic %s's retention deleted part of write %s's proof of delivery "
+                        "(proof.retentionHours), so records earlier runs delivered may be sent again", self.where,
+                        self.proof.topic, self.ident.write_id)
         if self.priors_found:
             log.info("%s: found %d earlier attempt(s) of this write (WAL %s%s); sending only what Kafka does not hold",
                      self.where, self.priors_found, self.log.path,
@@ -580,7 +586,8 @@ class PartitionWriter:
         repeated."""
         assert isinstance(self.resume, SkipIfCommitted)
         self.mode.finish(None)
-        refusal = judge_skipped(self._task(), self.resume.marker, self.fingerprint, self.position, self.log.path)
+        refusal = judge_skipped(self._task(), self.resume.marker, self.fingerprint, self.position, self.log.path,
+                                self._evidence.proof_expired)
         if refusal is not None:
             raise RerunRefusedError(refusal.message)
         self.log.apply(finishing(self._task(), self._evidence.priors, self.resume, sent=False))

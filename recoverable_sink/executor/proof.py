@@ -51,6 +51,10 @@ class ProofTopic(Protocol):
 
     def markers(self) -> dict[int, Marker]: ...
 
+    def expired(self) -> bool:
+        """Whether the topic's retention deleted part of where this write's proof starts (a re-run may lack some)."""
+        ...
+
     def segments(self, name: str) -> Iterable[RemoteSegment]: ...
 
     def claims(self, proven: DeliveredSet) -> Claims: ...
@@ -89,6 +93,9 @@ class NoProofTopic:
 
     def markers(self) -> dict[int, Marker]:
         return {}
+
+    def expired(self) -> bool:
+        return False
 
     def segments(self, name: str) -> Iterable[RemoteSegment]:
         return ()

@@ -109,7 +109,8 @@ class Evidence:
     ``markers``: the markers of the other partitions the priors wrote; ``later_micro_batch``: the latest micro-batch
     of the query seen on this host, in the marker group or in the proof topic; ``waited_out``: the wait for attempts
     still sending reached its deadline; ``wal`` and ``proof_topic`` name where the evidence was read (for
-    messages)."""
+    messages); ``proof_expired``: the proof topic's retention deleted part of where the write's proof starts, so
+    proof of earlier runs may be missing; ``fail_on_expired``: proof.failOnExpired."""
 
     task: TaskAttempt
     priors: tuple[Prior, ...] = ()
@@ -119,6 +120,8 @@ class Evidence:
     waited_out: bool = False
     wal: str | None = None
     proof_topic: str | None = None
+    proof_expired: bool = False
+    fail_on_expired: bool = True
 
 
 # ---- the plans ------------------------------------------------------------------------------------------------
@@ -241,7 +244,10 @@ def plan(e: Evidence) -> Plan:
         overdue = sending
     if not t.exactly_once:
         return _at_least_once(e, own_run, others, overdue)
-    return _exactly_once(e, priors, others, overdue)
+    found = _exactly_once(e, priors, others, overdue)
+    if isinstance(found, Send) and e.proof_expired and e.fail_on_expired:
+        return _refuse_expired(e)
+    return found
 
 
 def delivered_by(e: Evidence, others: Iterable[Prior]) -> list[Take]:
@@ -291,8 +297,9 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
         own_done = [p for p in priors if p.partition == t.partition and p.committed and p not in committed
                     and (t.run is None or p.run == t.run)]
         gone += [p for p in own_done if not p.proven]
-        if gone:
+        if gone and not (e.proof_expired and not e.fail_on_expired):
             return _refuse_unproven(e, gone)
+        own_done = [p for p in own_done if p.proven]  # proof.failOnExpired=false: what the retention took is sent
         return Send(resume=tuple(Take(p, all_logged=True) for p in own_done), claim=claim, holders=tuple(own_done),
                     committed_records=sum(p.records for p in own_done), unproven=unproven, overdue=overdue)
     if m.run is None or t.run is None or m.run == t.run:
@@ -300,6 +307,8 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
         here = {p.name: p for p in priors if p.partition == t.partition}
         holders = [here[n] for n in m.attempts or () if n in here]
         if not _proves(holders, m) or gone:
+            if e.proof_expired and not e.fail_on_expired:
+                return Send(claim=claim, unproven=unproven, overdue=overdue)  # proof.failOnExpired=false: repeats
             return SkipIfCommitted(m, "neither this host's WAL nor the proof topic holds the digests of what the "
                                       "partition's committed transactions hold")
         ours = {d.prior.name for d in claim}
@@ -313,6 +322,8 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
     by_name = {p.name: p for p in [*committed, *own_done]}
     holders = [by_name[n] for n in m.attempts or () if n in by_name]
     if not _proves(holders, m) or gone or any(not p.proven for p in own_done):
+        if e.proof_expired and not e.fail_on_expired:
+            return Send(claim=claim, unproven=unproven, overdue=overdue)  # proof.failOnExpired=false: repeats
         return SkipIfCommitted(m, f"run {m.run} committed this partition and neither this host's WAL nor the proof "
                                   "topic holds its digests")
     extra = [p for p in own_done if p.name not in set(m.attempts or ())]
@@ -343,11 +354,24 @@ def _refuse_unproven(e: Evidence, gone: list[Prior]) -> Refuse:
         "partition it committed is then recognised by its marker's fingerprint and the rest is sent whole")
 
 
+def _refuse_expired(e: Evidence) -> Refuse:
+    """exactly_once: what earlier runs committed may be in proof the retention deleted, so sending could repeat it;
+    as Spark's Kafka source fails on data it can no longer read (failOnDataLoss), so does this, unless told not to."""
+    t = e.task
+    return Refuse(
+        f"{t.where}: the proof topic {e.proof_topic}'s retention deleted part of the proof of delivery of write "
+        f"{t.write_id} (it keeps proof for proof.retentionHours, and the brokers' retention.ms), so what its earlier "
+        "runs committed cannot all be told: sending could repeat records they delivered",
+        "To send it anyway (records whose proof was deleted may be repeated), re-run with proof.failOnExpired=false; "
+        "to keep re-runs exact for longer, raise proof.retentionHours")
+
+
 def judge_skipped(task: TaskAttempt, marker: Marker, fingerprint: Fingerprint, received: int,
-                  wal: str | None) -> Refuse | None:
+                  wal: str | None, expired: bool = False) -> Refuse | None:
     """At the end of a skipped partition: None if its input is the one the marker's transactions committed (its
     fingerprint; its count, for a marker without one), else the refusal. Skipping another input could lose
-    records, and re-sending it could repeat them."""
+    records, and re-sending it could repeat them. ``expired``: the proof topic's retention deleted part of the
+    write's proof."""
     if marker.fingerprint is not None and marker.fingerprint == fingerprint:
         return None
     if marker.fingerprint is None and marker.records == received:
@@ -361,12 +385,16 @@ def judge_skipped(task: TaskAttempt, marker: Marker, fingerprint: Fingerprint, r
     where = (f"the WAL {marker.wal} on host {marker.host}" if marker.wal else "the WAL of the host that committed it")
     here = f"this host's WAL {wal} lacks their digests" if wal else "the WAL is disabled"
     fp = marker.fingerprint.encode() if marker.fingerprint else "not recorded"
+    kafka = ("the proof topic's retention deleted theirs (proof.retentionHours)" if expired else
+             "the proof topic holds none of their digests")
+    anyway = (". Or, to send it anyway (records whose proof was deleted may be repeated), re-run with "
+              "proof.failOnExpired=false") if expired else ""
     return Refuse(
         f"{task.where}: earlier transactions committed {marker.records} records of this partition (fingerprint "
-        f"{fp}), but the partition now holds {received} (fingerprint {fingerprint.encode()}): {cause}, {here}, and the "
-        "proof topic holds none of their digests",
+        f"{fp}), but the partition now holds {received} (fingerprint {fingerprint.encode()}): {cause}, {here}, and "
+        f"{kafka}",
         f"Exact recovery: re-run with the same wal.writeId where {where} is (its tasks then send exactly the rest), "
-        "or with the partitioning of the run that committed (this partition's input then matches the marker)")
+        f"or with the partitioning of the run that committed (this partition's input then matches the marker){anyway}")
 
 
 # ---- what proof may go ------------------------------------------------------------------------------------------

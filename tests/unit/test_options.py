@@ -6,7 +6,7 @@ import pytest
 
 from recoverable_sink.driver.registry import subject_for
 from recoverable_sink.errors import OptionError
-from recoverable_sink.options import parse_options, parse_size
+from recoverable_sink.options import KafkaProof, WalOnlyProof, parse_options, parse_size
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "topic": "t"}
 
@@ -173,3 +173,19 @@ def test_schema_registry_options_are_checked_on_the_driver_and_the_credentials_k
     assert "s3cret" not in repr(options) and options.scrub("auth me:s3cret") == "auth ***"
     with pytest.raises(OptionError, match="has no topic"):
         subject_for(replace(options.registry[0], strategy="TopicNameStrategy"), None, REGISTRY_SCHEMA)
+
+
+def test_the_proof_options_name_the_topic_its_settings_and_what_happens_when_the_retention_deleted_proof():
+    proof = parse_options(BASE).proof
+    assert isinstance(proof, KafkaProof)
+    assert (proof.topic, proof.partitions, proof.replication, proof.retention_hours, proof.fail_on_expired) == (
+        "recoverable-kafka-proof", 9, -1, 168.0, True)
+    proof = parse_options({**BASE, "transactional.id.prefix": "app-", "proof.retentionHours": "720",
+                           "proof.failOnExpired": "false"}).proof
+    assert isinstance(proof, KafkaProof)
+    assert (proof.topic, proof.retention_hours, proof.fail_on_expired) == ("app-proof", 720.0, False)
+    assert isinstance(parse_options({**BASE, "proof.kafka": "false"}).proof, WalOnlyProof)
+    with pytest.raises(OptionError, match="proof.failOnExpired='sometimes' must be true or false"):
+        parse_options({**BASE, "proof.failOnExpired": "sometimes"})
+    with pytest.raises(OptionError, match="apply only to the proof topic"):
+        parse_options({**BASE, "proof.kafka": "false", "proof.topic": "x"})

@@ -1,9 +1,13 @@
-"""Targeted cases of the resume plan (the model test, test_resume_plan_model.py, explores the rest): waits that
-cannot deadlock, stand-downs that need no clock."""
+"""Targeted cases of the resume plan (test_writer_model.py drives the real writer through the rest): waits that cannot
+deadlock, stand-downs that need no clock, what proof deleted by the retention allows."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from recoverable_sink.executor import resume_plan as rp
+from recoverable_sink.identity import Fingerprint
+from recoverable_sink.producer.marker import Marker
 from recoverable_sink.wal.attempt import DONE, OPEN
 
 
@@ -118,3 +122,32 @@ def test_a_zombie_whose_own_commit_lost_its_marker_skips_it_though_another_run_m
     assert isinstance(plan, rp.Send) and all(t.all_logged for t in (*plan.resume, *plan.claim))
     assert [t.prior.key for t in plan.resume] == [own.key] and [t.prior.key for t in plan.claim] == [newer.key]
     assert ([p.key for p in plan.holders], plan.committed_records) == ([newer.key, own.key], 4)
+
+
+def test_proof_the_retention_deleted_refuses_an_exactly_once_send_unless_told_and_only_warns_at_least_once():
+    """Issue 62: a refusal remains only where Kafka no longer holds what is needed, and names it; the option it names
+    (proof.failOnExpired=false) then lets the write complete, repeats accepted."""
+    earlier = rp.Prior(name="x", partition=3, run="run-1", state=DONE, exactly_once=True, in_kafka=True,
+                       kafka_records=5)
+    expired = rp.Evidence(_task(0, "run-2", seq=1, exactly_once=True), priors=(earlier,), proof_topic="p",
+                          proof_expired=True)
+    refused = rp.plan(expired)
+    assert isinstance(refused, rp.Refuse)
+    assert "retention deleted" in refused.reason and "proof.failOnExpired=false" in refused.message
+    assert isinstance(rp.plan(replace(expired, fail_on_expired=False)), rp.Send)
+    assert isinstance(rp.plan(replace(expired, task=_task(0, "run-2", seq=1))), rp.Send)  # at_least_once
+    assert isinstance(rp.plan(replace(expired, proof_expired=False)), rp.Send)
+
+
+def test_a_partition_a_marker_names_is_still_skipped_by_fingerprint_when_the_retention_deleted_proof():
+    """Skipping a partition whose input is the one committed is exact without any digests: no refusal; a different
+    input is refused naming the retention, and with proof.failOnExpired=false the partition is sent instead."""
+    marker = Marker(write_id="w", partition=0, topic="t", records=4, attempts=("gone",), run="run-1")
+    expired = rp.Evidence(_task(0, "run-2", seq=1, exactly_once=True), own_marker=marker, proof_topic="p",
+                          proof_expired=True)
+    found = rp.plan(expired)
+    assert isinstance(found, rp.SkipIfCommitted)
+    refusal = rp.judge_skipped(expired.task, marker, Fingerprint(), 3, "/w", expired=True)
+    assert refusal is not None and "retention deleted" in refusal.reason
+    assert "proof.failOnExpired=false" in refusal.message
+    assert isinstance(rp.plan(replace(expired, fail_on_expired=False)), rp.Send)

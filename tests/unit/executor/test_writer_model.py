@@ -102,7 +102,8 @@ class WriterModel(RuleBasedStateMachine):
         self.completed_inputs: list[list[int]] = []
         self.paused: list = []
         self.attempts: list[dict] = []  # every attempt: worker, mode, killed, zombie
-        self.retained_cut = False
+        self.retained_cut = False  # the proof topic's retention deleted some of the write's proof
+        self.accept_expired = False  # proof.failOnExpired=false: the named recovery, which accepts repeats
         self.batch = 0  # a stream's micro-batch
         self.parts_of: dict[int, list[list[int]]] = {}  # each completed (micro-)batch's partitioning
         # The model's drain windows are a few records; each plan the writer follows is counted.
@@ -185,6 +186,8 @@ class WriterModel(RuleBasedStateMachine):
             conf["wal.writeId"] = self.write_id
         if self.dead_letters:
             conf.update({"errors.tolerance": "all", "errors.deadletterqueue.topic.name": DLQ})
+        if self.accept_expired:
+            conf["proof.failOnExpired"] = "false"
         options = parse_options(conf)
         assert isinstance(options.proof, KafkaProof)
         # The data topics take records of up to 1000 bytes (their max.message.bytes); the dead-letter topic more.
@@ -198,10 +201,15 @@ class WriterModel(RuleBasedStateMachine):
         random, each partition attempted until it commits or Spark gives up; ``faults``: (partition, step, what,
         in every attempt)."""
         self.timeout_paused()
-        complete = self.one_run(partitions, "exactly_once" if exactly_once else "at_least_once", seed, faults,
-                                spread, wrong)
-        if not faults and not wrong and not complete and not self.retained_cut:
-            raise Violation("liveness: a run with no fault did not complete")
+        mode = "exactly_once" if exactly_once else "at_least_once"
+        complete = self.one_run(partitions, mode, seed, faults, spread, wrong)
+        if not faults and not wrong and not complete:
+            if not self.retained_cut or self.accept_expired:
+                raise Violation("liveness: a run with no fault did not complete")
+            # Refused because the retention deleted proof: the refusal's recovery must complete the write.
+            self.accept_expired = True
+            if not self.one_run(partitions, mode, seed, [], spread, False):
+                raise Violation("liveness: the recovery a refusal named (proof.failOnExpired=false) did not complete")
 
     def timeout_paused(self) -> None:
         """Between runs a paused transaction outlives kafka.transaction.timeout.ms: the brokers abort it."""
@@ -323,7 +331,7 @@ class WriterModel(RuleBasedStateMachine):
         if isinstance(outcome, BaseException) and not isinstance(outcome, Killed):
             from recoverable_sink.errors import RerunRefusedError
 
-            if isinstance(outcome, RerunRefusedError) and not self.retained_cut:
+            if isinstance(outcome, RerunRefusedError) and not (self.retained_cut and "retention" in str(outcome)):
                 raise Violation(f"liveness: a refusal with the proof still in Kafka: {outcome}")
         return outcome
 
@@ -389,6 +397,14 @@ class WriterModel(RuleBasedStateMachine):
     def compact(self) -> None:
         self.broker.compact()
 
+    @rule(keep=st.integers(0, 8))
+    def expire_proof(self, keep) -> None:
+        """The proof topic's retention deletes the oldest proof (never the directory, whose entries each run writes
+        again after its proof)."""
+        if self.broker.retain(keep, skip=(0,)):
+            self.retained_cut = True
+            event("proof deleted by retention")
+
     @rule(host=st.integers(0, 2))
     def lose_wal(self, host) -> None:
         """A host's disk is lost (or the re-run's executor has a fresh one)."""
@@ -407,7 +423,7 @@ class WriterModel(RuleBasedStateMachine):
         """exactly_once, in a sequence of exactly_once runs only: an attempt makes no record visible more often than
         the input holds it, at any moment. (Where at_least_once runs mix in, what they delivered but never proved is
         theirs to repeat: the accounting at the end, :meth:`check_repeats`, holds both modes to it.)"""
-        if mode != "exactly_once" or any(r["mode"] != "exactly_once" for r in self.attempts):
+        if mode != "exactly_once" or self.accept_expired or any(r["mode"] != "exactly_once" for r in self.attempts):
             return
         limit = Counter(self.expected)
         for b in range(len(self.completed_inputs), self.batch + 1 if self.stream else 1):
@@ -457,7 +473,7 @@ class WriterModel(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            if getattr(self, "values", None) is not None and not self.retained_cut:
+            if getattr(self, "values", None) is not None:
                 self.final_run()
         finally:
             for name, n in (PLANS - self.plans_before).items():
@@ -479,10 +495,12 @@ class WriterModel(RuleBasedStateMachine):
             self.world.kill(w)
         self.paused.clear()
         rnd = self.world.rng
+        self.accept_expired = self.retained_cut  # else a run after the retention may be refused, as it should
         if not self.one_run(rnd.randint(1, 4), rnd.choice(["at_least_once", "exactly_once"]), rnd.randint(0, 99), [],
                             True, False):
             raise Violation("liveness: the final run with no fault did not complete")
-        self.check_repeats()
+        if not self.accept_expired:  # with proof.failOnExpired=false the user accepted repeats of deleted proof
+            self.check_repeats()
 
     def check_repeats(self) -> None:
         """at_least_once: what repeats is bounded by what its senders' proof did not cover and what zombies sent."""

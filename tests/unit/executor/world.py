@@ -198,14 +198,20 @@ class Broker:
                     (last.get(e.key) == e.offset and not (e.txn is not None and e.txn.state == "aborted"))]
             entries[:] = kept
 
-    def retain(self, keep_last: int) -> None:
-        """The proof topic's retention: all but its last ``keep_last`` records of each partition go."""
+    def retain(self, keep_last: int, skip: tuple[int, ...] = ()) -> bool:
+        """The proof topic's retention: all but its last ``keep_last`` records of each partition (less ``skip``) go
+        (an open transaction's and those after it stay). Whether any went."""
+        cut_any = False
         for (topic, partition), entries in self.logs.items():
-            if topic != self.proof_topic or len(entries) <= keep_last:
+            if topic != self.proof_topic or partition in skip or len(entries) <= keep_last:
                 continue
             cut = entries[-keep_last].offset if keep_last else entries[-1].offset + 1
-            self.log_start[(topic, partition)] = cut
-            entries[:] = [e for e in entries if e.offset >= cut]
+            cut = min([cut, *(e.offset for e in entries if e.txn is not None and e.txn.state == "open")])
+            if cut > self.log_start.get((topic, partition), 0):
+                self.log_start[(topic, partition)] = cut
+                entries[:] = [e for e in entries if e.offset >= cut]
+                cut_any = True
+        return cut_any
 
     def visible(self, topic: str) -> list[Entry]:
         """What a read_committed consumer of a data topic sees, all partitions."""
