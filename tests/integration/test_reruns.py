@@ -26,6 +26,7 @@ from testing.task_options import task_options
 from testing.waiting import wait_until
 
 ROWS = 40_000
+OFFSET_END = -1  # librdkafka's OFFSET_END: DeleteRecords up to the high watermark
 MODES = ["at_least_once", "exactly_once"]
 
 
@@ -287,5 +288,31 @@ def test_a_rerun_that_changes_the_guarantee_counts_what_the_failed_run_delivered
     options = {"wal.writeId": write_id, "transactional.id.prefix": f"{write_id}-"}
     _fail_late_in(spark, kafka, topic, wal, {**options, "delivery.guarantee": first}, 4, random.randrange(4))
     sink_writer(_frame(spark, 4), kafka.bootstrap_servers, topic, wal, **options, **{"delivery.guarantee": then}).save()
+    found = ids_in_topic(kafka.bootstrap_servers, topic, expected=ROWS)
+    assert verdict((str(i) for i in range(ROWS)), found) == (0, 0, 0)
+
+
+def test_an_exactly_once_rerun_whose_proof_the_retention_deleted_is_refused_by_name_then_completes_when_told(
+        spark, kafka, new_topic, tmp_path):
+    """Issue 62: a refusal remains only where Kafka no longer holds what is needed, named as such. Run 1 fails late
+    in one partition; the proof topic's records are then deleted (DeleteRecords, as its retention would), and the
+    re-run runs where run 1's WAL is not: the partition no transaction committed refuses before sending, naming the
+    retention and proof.failOnExpired=false; with that option the write completes (here exactly: what the markers
+    name is skipped by fingerprint and the failed partition's transaction was aborted)."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic, write_id = new_topic(4), f"expired-{uuid.uuid4().hex[:8]}"
+    options = {"delivery.guarantee": "exactly_once", "wal.writeId": write_id, "transactional.id.prefix": f"{write_id}-"}
+    _fail_late_in(spark, kafka, topic, tmp_path / "wal-1", options, 4, random.randrange(4))
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    proof = f"{write_id}-proof"
+    ends = [TopicPartition(proof, p, OFFSET_END) for p in range(1, 9)]
+    for _tp, future in admin.delete_records(ends, request_timeout=30).items():
+        future.result(timeout=40)
+    with pytest.raises(Exception, match=r"retention deleted part of the proof(.|\n)*proof\.failOnExpired=false"):
+        sink_writer(_frame(spark, 4), kafka.bootstrap_servers, topic, tmp_path / "wal-2", **options).save()
+    sink_writer(_frame(spark, 4), kafka.bootstrap_servers, topic, tmp_path / "wal-2", **options,
+                **{"proof.failOnExpired": "false"}).save()
     found = ids_in_topic(kafka.bootstrap_servers, topic, expected=ROWS)
     assert verdict((str(i) for i in range(ROWS)), found) == (0, 0, 0)
