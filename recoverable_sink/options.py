@@ -17,6 +17,7 @@ from typing import Any
 
 from recoverable_sink._faults import FAULT_PREFIX, FaultPlan, parse_faults
 from recoverable_sink.errors import OptionError
+from recoverable_sink.option_names import SINK_OPTIONS, suggest, suggest_kafka
 
 KAFKA_PREFIX = "kafka."
 DEFAULT_WAL_MAX_BYTES = 4 << 30  # payload Kafka has not acknowledged yet, for all tasks on a host
@@ -91,33 +92,15 @@ _LIBRDKAFKA_SENSITIVE = frozenset({
 _SENSITIVE_LOOKING = re.compile(r"password|secret|jaas|token|credential|passphrase|\.pem$|ssl\.key\.|"
                                 r"oauthbearer\.(config|extensions)|basic\.auth\.user\.info", re.IGNORECASE)
 
-_SINK_OPTIONS = {
-    "topic",
-    "topic.mustexist",
-    "wal.path",
-    "wal.maxbytes",
-    "wal.enabled",
-    "wal.retentionhours",
-    "wal.proofgraceseconds",
-    "wal.proofmaxbytes",
-    "wal.writeid",
-    "rate.recordspersecond",
-    "rate.bytespersecond",
-    "producer.native",
-    "delivery.guarantee",
-    "transactional.id.prefix",
-    "preflight.timeoutms",
-    "summary.path",
-    "errors.tolerance",
-    "errors.deadletterqueue.topic.name",
-}
+_SINK_OPTIONS = {name.lower() for name in SINK_OPTIONS}
 # Schema Registry framing, per field: "<field>.<name>" for field in key, value.
 _REGISTRY_OPTIONS = ("schema.registry.url", "subject", "subject.name.strategy", "avro.schema",
                      "schema.registry.basic.auth.user.info", "schema.type", "protobuf.schema", "protobuf.message",
                      "json.schema")
 # Confluent's three wire formats, as the registry names them (its schemaType).
 SCHEMA_TYPES = ("AVRO", "PROTOBUF", "JSON")
-_SINK_OPTIONS |= {f"{field}.{name}" for field in ("key", "value") for name in _REGISTRY_OPTIONS}
+_REGISTRY_NAMES = tuple(f"{field}.{name}" for field in ("key", "value") for name in _REGISTRY_OPTIONS)
+_SINK_OPTIONS |= {name.lower() for name in _REGISTRY_NAMES}
 SUBJECT_STRATEGIES = ("TopicNameStrategy", "RecordNameStrategy", "TopicRecordNameStrategy")
 # Options Spark itself may hand to a streaming sink; they mean nothing here.
 _IGNORED = {"checkpointlocation", "queryname", "path"}
@@ -353,8 +336,12 @@ def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
             "the sink promises no duplicates, so leave it true (the default)"
         )
     if not conf.get("bootstrap.servers", "").strip():
+        misspelt = [f"kafka.{name}" for name in kafka_options if suggest_kafka(name) == "kafka.bootstrap.servers"
+                    and name != "bootstrap.servers"]
         raise OptionError(
-            "option kafka.bootstrap.servers is required: give the brokers as host:port[,host:port...]"
+            (f"option {misspelt[0]} is not a producer setting: did you mean kafka.bootstrap.servers? It is required: "
+             if misspelt else "option kafka.bootstrap.servers is required: ")
+            + "give the brokers as host:port[,host:port...]"
         )
     # librdkafka's metadata requests would let a broker create a topic the sink only asked about; the sink creates
     # a missing topic itself, where topic.mustExist allows it (producer/topics.py).
@@ -495,6 +482,20 @@ def _id_part(name: str, value: str, lengths: str) -> str:
     return value
 
 
+def unknown_options(names: list[str]) -> str:
+    """The refusal of options the sink does not know: each as given, with the known option nearest to it.
+
+    >>> unknown_options(["delivery.guarentee"])
+    'unknown option delivery.guarentee: did you mean delivery.guarantee? (names are case-insensitive; ...'
+    """
+    parts = []
+    for name in names:
+        near = suggest(name, _REGISTRY_NAMES)
+        parts.append(f"{name}: did you mean {near}?" if near else f"{name}: no option of the sink is near it")
+    return (f"unknown option{'s' if len(parts) > 1 else ''} {'; '.join(parts)} (names are case-insensitive; producer "
+            "settings take the 'kafka.' prefix; docs/operations.md, Options in detail, lists the sink's own)")
+
+
 def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """Validate the options of one write and return what the tasks need.
 
@@ -508,13 +509,10 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """
     lowered = {str(k).lower(): str(v) for k, v in options.items()}
     kafka = {k[len(KAFKA_PREFIX):]: v for k, v in lowered.items() if k.startswith(KAFKA_PREFIX)}
-    unknown = sorted(k for k in lowered if not k.startswith((KAFKA_PREFIX, FAULT_PREFIX))
-                     and k not in _SINK_OPTIONS | _IGNORED)
+    unknown = sorted(str(k) for k in options if not str(k).lower().startswith((KAFKA_PREFIX, FAULT_PREFIX))
+                     and str(k).lower() not in _SINK_OPTIONS | _IGNORED)
     if unknown:
-        raise OptionError(
-            f"unknown option(s) {', '.join(unknown)}: producer settings take the 'kafka.' prefix "
-            f"(kafka.linger.ms, ...); the sink's own options are {', '.join(sorted(_SINK_OPTIONS))}"
-        )
+        raise OptionError(unknown_options(unknown))
     topic = lowered.get("topic")
     if topic is not None and not topic.strip():
         raise OptionError("option topic is empty: give a topic name, or drop the option and use a topic column")

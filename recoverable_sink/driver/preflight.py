@@ -17,6 +17,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata
 from recoverable_sink._logging import get_logger
 from recoverable_sink.deadlines import within
 from recoverable_sink.errors import OptionError, transaction_problem
+from recoverable_sink.option_names import suggest_kafka
 from recoverable_sink.options import DEFAULT_BATCH_SIZE, DeadLetterTopic, SinkOptions, client_config, short_lived
 from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
 
@@ -195,7 +196,9 @@ def check_cluster(options: SinkOptions, questions: TopicQuestions | None = None)
         text = options.scrub(exc.args[0].str() if exc.args else str(exc))
         m = _PROPERTY.search(text)
         name = _option_name(m.group(1), options) if m else "a kafka.* option"
-        raise OptionError(f"{name} is not valid for the producer (librdkafka): {text}; fix or remove it") from None
+        near = suggest_kafka(m.group(1)) if m and "No such configuration property" in text else None
+        hint = f"did you mean {near}?" if near else "fix or remove it"
+        raise OptionError(f"{name} is not valid for the producer (librdkafka): {text}; {hint}") from None
     try:
         metadata = _metadata(producer, options, errors)
         if options.topic is not None:

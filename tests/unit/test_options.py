@@ -173,3 +173,29 @@ def test_schema_registry_options_are_checked_on_the_driver_and_the_credentials_k
     assert "s3cret" not in repr(options) and options.scrub("auth me:s3cret") == "auth ***"
     with pytest.raises(OptionError, match="has no topic"):
         subject_for(replace(options.registry[0], strategy="TopicNameStrategy"), None, REGISTRY_SCHEMA)
+
+
+@pytest.mark.parametrize(("given", "near"), [
+    ("delivery.guarentee", "delivery.guarantee"),
+    ("Topic.MustExists", "topic.mustExist"),
+    ("wal.maxbyte", "wal.maxBytes"),
+    ("bootstrap.servers", "kafka.bootstrap.servers"),  # a producer setting without its prefix
+    ("value.schema.registry.uri", "value.schema.registry.url"),
+])
+def test_an_unknown_option_is_named_as_given_with_the_nearest_known_one(given, near):
+    with pytest.raises(OptionError) as refused:
+        parse_options({**BASE, given: "x"})
+    message = str(refused.value)
+    assert message.startswith(f"unknown option {given}: did you mean {near}?"), message
+    assert "wal.proofGraceSeconds" not in message  # not the whole list of options
+
+
+def test_an_unknown_option_near_nothing_says_so():
+    with pytest.raises(OptionError, match="unknown option colour: no option of the sink is near it"):
+        parse_options({**BASE, "colour": "blue"})
+
+
+def test_a_misspelt_bootstrap_servers_is_named_with_the_right_name():
+    with pytest.raises(OptionError, match=r"option kafka\.bootstrap\.server is not a producer setting: did you mean "
+                                          r"kafka\.bootstrap\.servers\? It is required"):
+        parse_options({"kafka.bootstrap.server": "127.0.0.1:9092", "topic": "t"})
