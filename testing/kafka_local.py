@@ -21,7 +21,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
@@ -33,6 +35,7 @@ LIBS = REPO / "build" / "kafka" / "libs"
 # The development broker's directory; overridable so that a second one (another port) can run beside it.
 LOCAL_ROOT = Path(os.environ.get("KAFKA_LOCAL_DIR", REPO / "build" / "kafka" / "local"))
 JVM_HEAP = ["-Xms256m", "-Xmx512m"]
+C = TypeVar("C", bound="KafkaCluster")
 
 
 def free_port() -> int:
@@ -294,22 +297,31 @@ class KafkaCluster:
             self.stop()
         (self.root / "ports").write_text(" ".join(map(str, self.ports + self.controller_ports)))
         cluster_id = self._cluster_id()
-        for node in self.node_ids:
-            if self.pid(node) is not None:
-                continue
-            for port in (self.broker_port(node), self.controller_ports[node - 1]):
-                if not _port_free(port):
-                    raise RuntimeError(f"node {node}: 127.0.0.1:{port} is already in use by another process")
-            self._write_props(node)
-            if not (self.node_dir(node) / "data" / "meta.properties").exists():
-                fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                                "-c", str(self._props_file(node)), "--ignore-formatted",
-                                                *self.format_args),
-                                     capture_output=True, text=True, timeout=120)
-                if fmt.returncode != 0:
-                    raise RuntimeError(f"formatting node {node} failed ({fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
-            self._spawn(node)
-        self.wait_ready(self.node_ids, timeout_s)
+        started: list[int] = []
+        try:
+            for node in self.node_ids:
+                if self.pid(node) is not None:
+                    continue
+                for port in (self.broker_port(node), self.controller_ports[node - 1]):
+                    if not _port_free(port):
+                        raise RuntimeError(f"node {node}: 127.0.0.1:{port} is already in use by another process")
+                self._write_props(node)
+                if not (self.node_dir(node) / "data" / "meta.properties").exists():
+                    fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                                    "-c", str(self._props_file(node)), "--ignore-formatted",
+                                                    *self.format_args),
+                                         capture_output=True, text=True, timeout=120)
+                    if fmt.returncode != 0:
+                        raise RuntimeError(f"formatting node {node} failed ({fmt.returncode}):\n"
+                                           f"{fmt.stdout}{fmt.stderr}")
+                self._spawn(node)
+                started.append(node)
+            self.wait_ready(self.node_ids, timeout_s)
+        except BaseException:
+            # A failed start leaves nothing of its own running: brokers left behind would hold their ports and two
+            # cores' worth of JVMs for the rest of a test session.
+            self._stop_nodes(started, timeout_s=20)
+            raise
         return self
 
     def wait_ready(self, nodes: list[int] | None = None, timeout_s: float = 120) -> None:
@@ -367,7 +379,10 @@ class KafkaCluster:
 
     def stop(self, timeout_s: float = 30) -> None:
         """SIGTERM every node (a clean shutdown), then SIGKILL what is still running at the deadline."""
-        pids = {node: pid for node in self.node_ids if (pid := self.pid(node)) is not None}
+        self._stop_nodes(self.node_ids, timeout_s)
+
+    def _stop_nodes(self, nodes: list[int], timeout_s: float) -> None:
+        pids = {node: pid for node in nodes if (pid := self.pid(node)) is not None}
         for pid in pids.values():
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -377,7 +392,7 @@ class KafkaCluster:
             if self.pid(node) is not None:
                 log.warning("broker %d (pid %d) ignored SIGTERM for %ss: killing it", node, pid, timeout_s)
                 self.kill_broker(node, signal.SIGKILL)
-        for node in self.node_ids:
+        for node in nodes:
             self._pid_file(node).unlink(missing_ok=True)
 
     def wipe(self) -> None:
@@ -397,6 +412,23 @@ class KafkaCluster:
         """The node id leading ``topic``/``partition`` now (-1 while there is none)."""
         meta = AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(topic, timeout=10)
         return meta.topics[topic].partitions[partition].leader
+
+
+def start_cluster(make: Callable[[], C], timeout_s: float = 120, tries: int = 2) -> C:
+    """``make()``'s cluster started, trying once more with a fresh one (new ports, its data wiped) if a start fails:
+    on a loaded 2-core machine a 3-broker cluster has been seen not ready within 120 s, where a second start is.
+    Each failed start has stopped what it started."""
+    for attempt in range(1, tries + 1):
+        cluster = make()
+        try:
+            return cluster.start(timeout_s)
+        except (TimeoutError, RuntimeError) as exc:
+            if attempt == tries:
+                raise
+            log.warning("a Kafka cluster under %s did not start (%s); starting a fresh one", cluster.root,
+                        str(exc).splitlines()[0])
+            cluster.wipe()
+    raise AssertionError("unreachable")
 
 
 # ---- the command line: one long-lived broker for development ---------------------------------------------
