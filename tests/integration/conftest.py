@@ -59,13 +59,13 @@ def kafka3() -> Iterator[KafkaCluster]:
 
 @pytest.fixture(scope="session")
 def kafka_defaults() -> Iterator[KafkaCluster]:
-    """A broker that auto-creates topics (Apache Kafka's default, which the session broker turns off so that a
-    misspelt topic fails), started only when a test asks for it."""
+    """A broker with Apache Kafka's default settings, as `make kafka-up` starts one: it auto-creates topics, which
+    the session broker does not (so that a misspelt topic fails there); started only when a test asks for it."""
     root = TEST_KAFKA / "defaults"
     if root.exists():
         KafkaCluster(root, 1).wipe()
     shutil.rmtree(root, ignore_errors=True)
-    cluster = start_cluster(lambda: KafkaCluster(root, 1, broker_props={"auto.create.topics.enable": "true"}))
+    cluster = start_cluster(lambda: KafkaCluster(root, 1, kafka_defaults=True))
     try:
         yield cluster
     finally:
