@@ -485,8 +485,8 @@ def _id_part(name: str, value: str, lengths: str) -> str:
 def unknown_options(names: list[str]) -> str:
     """The refusal of options the sink does not know: each as given, with the known option nearest to it.
 
-    >>> unknown_options(["delivery.guarentee"])
-    'unknown option delivery.guarentee: did you mean delivery.guarantee? (names are case-insensitive; ...'
+    >>> print(unknown_options(["delivery.guarentee"]))  # doctest: +ELLIPSIS
+    unknown option delivery.guarentee: did you mean delivery.guarantee? (names are case-insensitive; ...
     """
     parts = []
     for name in names:
