@@ -2,9 +2,9 @@
 through the pyspark_recoverable_kafka module), from the --py-files zip (pure Python: record digests by hashlib,
 confluent-kafka's produce()) and from the x86_64 manylinux abi3 wheel installed, with no compiler, in a fresh
 virtualenv of another Python outside the repository (with the C digest and produce extensions) that already holds
-pyspark 4.3, which the install keeps, and which runs the README's Quickstart as pasted against the broker `make kafka-up`
-starts; the same install keeps a pyspark 4.0; the aarch64 wheel is checked by
-auditwheel, and the sdist built by the host's C compiler."""
+pyspark 4.3, which the install keeps, and which runs the README's Quickstart as pasted against the broker
+`make kafka-up` starts; the same install keeps a pyspark 4.0; the aarch64 wheel is checked by auditwheel, and the
+sdist built by the host's C compiler."""
 
 import json
 import os
