@@ -15,7 +15,8 @@ SINK_OPTIONS = (
     "topic", "topic.mustExist", "wal.path", "wal.maxBytes", "wal.enabled", "wal.retentionHours",
     "wal.proofGraceSeconds", "wal.proofMaxBytes", "wal.writeId", "rate.recordsPerSecond", "rate.bytesPerSecond",
     "producer.native", "delivery.guarantee", "transactional.id.prefix", "preflight.timeoutMs", "summary.path",
-    "errors.tolerance", "errors.deadletterqueue.topic.name",
+    "errors.tolerance", "errors.deadletterqueue.topic.name", "topic.creation.default.partitions",
+    "topic.creation.default.replication.factor",
 )
 
 # librdkafka's configuration properties that concern a producer or any client (librdkafka 2.x, the one in

@@ -128,6 +128,36 @@ class DeadLetterTopic:
 
 ErrorTolerance = FailOnRefusal | DeadLetterTopic
 
+TOPIC_CREATION_PREFIX = "topic.creation.default."
+
+
+@dataclass(frozen=True)
+class TopicCreation:
+    """How the sink creates a topic that does not exist, where it creates one (the brokers auto-create topics, and
+    ``topic.mustExist`` is false): Kafka Connect's ``topic.creation.default.*`` options. -1 and no configs are the
+    brokers' own defaults (``num.partitions``, ``default.replication.factor``), as their auto-creation gives."""
+
+    partitions: int = -1
+    replication_factor: int = -1
+    configs: tuple[tuple[str, str], ...] = ()  # topic configs (cleanup.policy, retention.ms, ...), as given
+
+    @property
+    def brokers_defaults(self) -> bool:
+        return self.partitions == -1 and self.replication_factor == -1 and not self.configs
+
+    def describe(self) -> str:
+        """How a topic is made, for log lines and errors.
+
+        >>> TopicCreation().describe(), TopicCreation(6, -1, (("cleanup.policy", "compact"),)).describe()
+        ("the brokers' defaults", "6 partitions, the brokers' default replication factor, cleanup.policy=compact")
+        """
+        if self.brokers_defaults:
+            return "the brokers' defaults"
+        parts = [f"{self.partitions} partitions" if self.partitions != -1 else "the brokers' default partitions",
+                 f"replication factor {self.replication_factor}" if self.replication_factor != -1
+                 else "the brokers' default replication factor"]
+        return ", ".join(parts + [f"{k}={v}" for k, v in self.configs])
+
 
 @dataclass(frozen=True)
 class AvroWire:
@@ -177,6 +207,8 @@ class SinkOptions:
     topic: str | None = None
     # A missing topic fails the write even where the brokers auto-create topics (default: created as they would).
     topic_must_exist: bool = False
+    # How the sink makes a missing topic where it makes one: partitions, replication factor, topic configs.
+    topic_creation: TopicCreation = TopicCreation()
     wal_path: str | None = None
     wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES
     wal_enabled: bool = True
@@ -509,7 +541,8 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """
     lowered = {str(k).lower(): str(v) for k, v in options.items()}
     kafka = {k[len(KAFKA_PREFIX):]: v for k, v in lowered.items() if k.startswith(KAFKA_PREFIX)}
-    unknown = sorted(str(k) for k in options if not str(k).lower().startswith((KAFKA_PREFIX, FAULT_PREFIX))
+    unknown = sorted(str(k) for k in options
+                     if not str(k).lower().startswith((KAFKA_PREFIX, FAULT_PREFIX, TOPIC_CREATION_PREFIX))
                      and str(k).lower() not in _SINK_OPTIONS | _IGNORED)
     if unknown:
         raise OptionError(unknown_options(unknown))
@@ -518,10 +551,13 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         raise OptionError("option topic is empty: give a topic name, or drop the option and use a topic column")
     conf = _producer_config(kafka)
     guarantee = _guarantee(lowered.get("delivery.guarantee", AT_LEAST_ONCE), conf)
+    must_exist = _parse_bool("topic.mustExist", lowered.get("topic.mustexist", "false"))
+    creation = _topic_creation(lowered, must_exist)
     return SinkOptions(
         producer_items=tuple(sorted(conf.items())),
         topic=topic,
-        topic_must_exist=_parse_bool("topic.mustExist", lowered.get("topic.mustexist", "false")),
+        topic_must_exist=must_exist,
+        topic_creation=creation,
         wal_path=lowered.get("wal.path") or None,
         wal_max_bytes=parse_size("wal.maxBytes", lowered.get("wal.maxbytes", str(DEFAULT_WAL_MAX_BYTES))),
         wal_enabled=_parse_bool("wal.enabled", lowered.get("wal.enabled", "true")),
@@ -547,6 +583,42 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
         errors=_error_tolerance(lowered, topic),
         faults=parse_faults(lowered),
     )
+
+
+def _topic_creation(lowered: Mapping[str, str], must_exist: bool) -> TopicCreation:
+    """topic.creation.default.partitions, .replication.factor and any other topic config under that prefix.
+
+    >>> _topic_creation({"topic.creation.default.partitions": "6", "topic.creation.default.retention.ms": "60000"},
+    ...                 False)
+    TopicCreation(partitions=6, replication_factor=-1, configs=(('retention.ms', '60000'),))
+    """
+    given = {k[len(TOPIC_CREATION_PREFIX):]: v.strip() for k, v in lowered.items()
+             if k.startswith(TOPIC_CREATION_PREFIX)}
+    if not given:
+        return TopicCreation()
+    if must_exist:
+        raise OptionError(f"option(s) {', '.join(TOPIC_CREATION_PREFIX + k for k in sorted(given))} say how the "
+                          "sink creates a missing topic, and topic.mustExist=true says it never creates one: drop one "
+                          "of them")
+
+    def count(name: str, upper: int) -> int:
+        value = given.pop(name, "-1")
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number != -1 and not 1 <= number <= upper:
+            raise OptionError(f"option {TOPIC_CREATION_PREFIX}{name}={value!r} must be a whole number from 1 to "
+                              f"{upper}, or -1 for the brokers' default")
+        return number
+
+    partitions = count("partitions", 2**31 - 1)
+    replication = count("replication.factor", 2**15 - 1)
+    empty = [k for k, v in given.items() if not k or not v]
+    if empty:
+        raise OptionError(f"option {TOPIC_CREATION_PREFIX}{empty[0]} needs a topic config name and a value (e.g. "
+                          f"{TOPIC_CREATION_PREFIX}cleanup.policy=compact)")
+    return TopicCreation(partitions, replication, tuple(sorted(given.items())))
 
 
 def _error_tolerance(lowered: Mapping[str, str], topic: str | None) -> ErrorTolerance:
