@@ -122,4 +122,5 @@ class RecoverableKafkaDataSource(DataSource):
         # overwrite is set for outputMode("complete"): like format("kafka"), every trigger then appends the whole
         # result table to the topic; there is nothing to truncate in Kafka.
         with sentence_first():
-            return RecoverableKafkaStreamWriter(*_RECENT.get(self, schema))
+            checkpoint = next((str(v) for k, v in self.options.items() if str(k).lower() == "checkpointlocation"), None)
+            return RecoverableKafkaStreamWriter(*_RECENT.get(self, schema), checkpoint_location=checkpoint)

@@ -60,11 +60,10 @@ def write_summary(path: str | None, event: str, write_id: str, summary: dict[str
         out.write(json.dumps(record) + "\n")
 
 
-def log_commit(label: str, summary: dict[str, object], routine_at_debug: bool = False) -> None:
-    """One line per committed write; with ``routine_at_debug`` (a micro-batch), at DEBUG unless a partition was
-    retried or skipped records, so a stream does not log a line per trigger at Spark's usual levels."""
-    eventful = bool(summary["retried_partitions"] or summary["skipped"] or summary["replayed"])
-    log.log(logging.INFO if eventful or not routine_at_debug else logging.DEBUG,
+def log_commit(label: str, summary: dict[str, object]) -> None:
+    """One INFO line per committed write or micro-batch (a stream's only sink line per trigger when all goes well),
+    and a warning for each thing the user should know of."""
+    log.info(
         "%s committed: %d records in %d partitions, %d published, %d acknowledged, %d skipped as already "
         "delivered, %d re-sent after an earlier attempt logged them, %d partitions retried",
         label, summary["received"], summary["partitions"], summary["published"], summary["acknowledged"],
@@ -93,15 +92,15 @@ def wal_location(wal_path: str | None) -> tuple[str, str]:
 
 
 def log_abort(label: str, summary: dict[str, object], wal_path: str | None, write_id: str,
-              how_to_finish: str) -> None:
-    """The abort line: which partitions finished, which did not, where their records are, what to run. At ERROR
-    when some partition finished (a write left half done); at WARNING when none did, where the tasks' own error
-    is what the user reads first (a stopped query, a write refused on bad input) and failed tasks do not say
-    whether they sent anything."""
+              how_to_finish: str, level: int | None = None) -> None:
+    """The abort line: which partitions finished, which did not, where their records are, what to run. By default
+    at ERROR when some partition finished (a write left half done) and at WARNING when none did, where the tasks'
+    own error is what the user reads first (a write refused on bad input) and failed tasks do not say whether they
+    sent anything; ``level`` sets it (a micro-batch's: its query's next start finishes it)."""
     where, path_arg = wal_location(wal_path)
     sent = bool(summary["finished"] or summary["published"])
     log.log(
-        logging.ERROR if sent else logging.WARNING,
+        level if level is not None else logging.ERROR if sent else logging.WARNING,
         "%s aborted: %d of %d partitions did not finish (%s); partitions that finished: %s. Records Kafka did not "
         "acknowledge stay in the WAL under %s on the executors that ran them (write id %s): "
         "`recoverable-kafka-wal list --path %s --write-id %s` on each executor host shows which partitions are "
