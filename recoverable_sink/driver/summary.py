@@ -101,11 +101,23 @@ def log_abort(label: str, summary: dict[str, object], wal_path: str | None, writ
     sent = bool(summary["finished"] or summary["published"])
     log.log(
         level if level is not None else logging.ERROR if sent else logging.WARNING,
-        "%s aborted: %d of %d partitions did not finish (%s); partitions that finished: %s. Records Kafka did not "
+        "%s aborted: %d of %d partitions did not finish (%s); partitions that finished: %s, with %d records, %d "
+        "acknowledged by Kafka%s (a failed task reports nothing to the driver: the list command below counts what "
+        "its attempts logged and what Kafka acknowledged). Records Kafka did not "
         "acknowledge stay in the WAL under %s on the executors that ran them (write id %s): "
         "`recoverable-kafka-wal list --path %s --write-id %s` on each executor host shows which partitions are "
-        "there and whether each was fully logged; a partition found on no host never started. To finish the "
-        "write: %s",
+        "there, whether each was fully logged and what no attempt got acknowledged; a partition found on no host "
+        "never started. To finish the write: %s",
         label, summary["failed_partitions"], summary["partitions"], summary["unfinished"] or "none",
-        summary["finished"] or "none", where, write_id, path_arg, write_id, how_to_finish,
+        summary["finished"] or "none", summary["received"], summary["acknowledged"], _dead_letters(summary), where,
+        write_id, path_arg, write_id, how_to_finish,
     )
+
+
+def _dead_letters(summary: dict[str, object]) -> str:
+    """How the finished partitions' dead letters are named in the abort line ("" when there are none)."""
+    dead = summary.get("dead_lettered") or {}
+    if not dead:
+        return ""
+    kinds = ", ".join(f"{kind} {n}" for kind, n in dead.items())  # type: ignore[union-attr]
+    return f" and {sum(dead.values())} sent to the dead-letter topic {summary['dead_letter_topic']} ({kinds})"  # type: ignore[union-attr]
