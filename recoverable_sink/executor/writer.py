@@ -418,6 +418,10 @@ class AtLeastOnceWriter:
             # to be acknowledged or failed. Waiting only a while would let a large backlog (big values) refill
             # the queue before every drain, and no acknowledgement would be learnt until the end.
             self._checkpoint(wait_s=final_wait_s(self.options), sync=False)
+            if self.ledger.failed:
+                # librdkafka gave a record up (delivery.timeout.ms passed): this attempt cannot commit, and each
+                # further drain would wait out another delivery timeout (a dead broker: minutes per attempt).
+                raise self._undelivered()
 
     def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
         return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}")
@@ -464,13 +468,7 @@ class AtLeastOnceWriter:
         self._checkpoint(wait_s=final_wait_s(self.options))
         ledger = self.ledger
         if ledger.failed or ledger.outstanding:
-            problem = ledger.first_error() or f"{ledger.outstanding} records still unacknowledged at the deadline"
-            raise DeliveryError(
-                f"{self.where}: Kafka did not acknowledge {ledger.failed + ledger.outstanding} of "
-                f"{ledger.produced} records: {self.options.scrub(problem)}. They stay in WAL "
-                f"{self.log.path or '(disabled)'}; re-run the write with "
-                f"wal.writeId={self.ident.write_id} to send only those"
-            )
+            raise self._undelivered()
         message = self.message
         message.received = self.position
         message.acknowledged = ledger.acked
@@ -485,6 +483,17 @@ class AtLeastOnceWriter:
                      self.where, message.received, message.published, message.skipped, message.replayed,
                      message.diverged)
         return message
+
+    def _undelivered(self) -> DeliveryError:
+        """The error of an attempt some of whose records Kafka did not acknowledge."""
+        ledger = self.ledger
+        problem = ledger.first_error() or f"{ledger.outstanding} records still unacknowledged at the deadline"
+        return DeliveryError(
+            f"{self.where}: Kafka did not acknowledge {ledger.failed + ledger.outstanding} of "
+            f"{ledger.produced} records: {self.options.scrub(problem)}. They stay in WAL "
+            f"{self.log.path or '(disabled)'}; re-run the write with "
+            f"wal.writeId={self.ident.write_id} to send only those"
+        )
 
     def _keep_proof(self, message: SinkCommitMessage) -> None:
         """Everything is acknowledged: this attempt's digests stay as proof, the earlier attempts' go."""

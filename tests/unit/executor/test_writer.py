@@ -306,3 +306,17 @@ def test_a_batch_over_the_segment_size_is_logged_and_sent_in_order_in_segments_o
         assert piece.nbytes <= writer_module.SEGMENT_MAX_BYTES
         assert segment.digests == record_digests(piece, "t", "c1")
         first += segment.count
+
+
+def test_a_record_kafka_gave_up_on_fails_the_attempt_at_that_drain_not_after_its_whole_partition(
+        wal_dir, monkeypatch):
+    """Issue 63: with the brokers gone, every drain waited out the delivery timeout again for the records handed over
+    since, and an attempt took minutes to fail; it stops at the first drain that finds a record failed for good."""
+    monkeypatch.setattr(writer_module, "CHECKPOINT_EVERY_S", 1e-6)  # a drain after every batch handed over
+    producer = FakeProducer(ack_budget=150, expire=True)
+    writer = open_writer(options(wal_dir), PLAN, TaskIdentity("w", 0, 0), "c1", producer=sink_producer(producer))
+    with pytest.raises(DeliveryError, match="did not acknowledge 50 of 200 records"):
+        for b in batches(rows(1000)):
+            writer.write(b)
+    writer.abort()
+    assert len(producer.delivered) == 150 and not producer.queue  # nothing handed over after the failed drain
