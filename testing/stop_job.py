@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     df = (spark.readStream.format("rate").option("rowsPerSecond", 400).option("numPartitions", 2).load()
           .selectExpr("CAST(value AS STRING) AS key",
                       f"concat(CAST(value AS STRING), coalesce(CASE WHEN value % 400 < 2 THEN "
-                      f"reflect('java.lang.Thread', 'sleep', CAST({pause_ms} AS BIGINT)) END, '')) AS value"))
+                      f"left(reflect('java.lang.Thread', 'sleep', CAST({pause_ms} AS BIGINT)), 0) END, '')) AS value"))
     writer = (df.writeStream.format(args.format).option("kafka.bootstrap.servers", args.bootstrap)
               .option("topic", args.topic).option("checkpointLocation", args.checkpoint))
     for item in args.option:
