@@ -4,7 +4,7 @@ user's program does, with Spark's own log settings (nothing quietened): its stde
     python -m testing.stop_job --format recoverable_kafka --bootstrap B --topic T --checkpoint C [--option k=v ...]
     python -m testing.stop_job --format kafka --bootstrap B --topic T --checkpoint C
 
-A rate source feeds two partitions; a JVM-side pause upstream of the sink (``Thread.sleep`` through ``reflect``, the
+A rate-micro-batch source feeds two partitions; a JVM-side pause upstream of the sink (``Thread.sleep`` through ``reflect``, the
 same for either sink) keeps each micro-batch's tasks inside the sink's write for a while, so the stop finds them
 there. The program prints ``stopped after N micro-batches`` and exits 0.
 """
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = (SparkSession.builder.master("local[2,4]").appName("stop-job").config("spark.ui.enabled", "false")
              .config("spark.jars", connector_jars()).getOrCreate())
     pause_ms = 1500  # once per partition and micro-batch, where a row's number is a multiple of 400
-    df = (spark.readStream.format("rate").option("rowsPerSecond", 400).option("numPartitions", 2).load()
+    # rate-micro-batch: every micro-batch holds rows, the first too (the rate source's first is empty).
+    df = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 800).option("numPartitions", 2).load()
           .selectExpr("CAST(value AS STRING) AS key",
                       f"concat(CAST(value AS STRING), coalesce(CASE WHEN value % 400 < 2 THEN "
                       f"left(reflect('java.lang.Thread', 'sleep', CAST({pause_ms} AS BIGINT)), 0) END, '')) AS value"))
@@ -46,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     while query.isActive and time.monotonic() < deadline and \
             sum(1 for p in query.recentProgress if p["numInputRows"]) < args.batches:
         time.sleep(0.1)
-    # Inside the next micro-batch, once its tasks have had time to reach the pause.
-    while query.isActive and time.monotonic() < deadline and not query.status["isTriggerActive"]:
+    # Inside the next micro-batch, once its tasks run (a job is active) and have had time to reach the pause.
+    tracker = spark.sparkContext.statusTracker()
+    while query.isActive and time.monotonic() < deadline and not (query.status["isTriggerActive"]
+                                                                  and tracker.getActiveJobsIds()):
         time.sleep(0.02)
     time.sleep(0.7)
     batches = len(query.recentProgress)
