@@ -342,10 +342,10 @@ def check_topic_creation(options: SinkOptions) -> None:
     if how.brokers_defaults:
         return
     probe = f"recoverable-kafka-creation-check-{uuid.uuid4().hex[:12]}"
+    admin = _probe_admin(options)  # kept in a name until the answer came: a dropped client cancels its futures
     try:
-        _probe_admin(options).create_topics([new_topic(probe, how)], validate_only=True,
-                                            request_timeout=options.preflight_timeout_s)[probe] \
-            .result(timeout=_answer_wait_s(options))
+        admin.create_topics([new_topic(probe, how)], validate_only=True,
+                            request_timeout=options.preflight_timeout_s)[probe].result(timeout=_answer_wait_s(options))
     except KafkaException as exc:
         err = exc.args[0]
         setting = refused_setting(err, how)
