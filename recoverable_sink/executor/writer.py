@@ -299,6 +299,10 @@ class AtLeastOnceWriter:
         """Check one batch, log what must be sent, and produce the batch before it."""
         if raw.num_rows == 0:
             return
+        if self.ledger.failed:
+            # A drain found a record librdkafka gave up on (delivery.timeout.ms passed): this attempt cannot commit,
+            # and each further drain could wait out the delivery timeout again (brokers gone: minutes an attempt).
+            raise self._undelivered()
         if self.phase is Phase.SKIPPING:
             self.position += raw.num_rows
             self.message.skipped += raw.num_rows
@@ -418,10 +422,6 @@ class AtLeastOnceWriter:
             # to be acknowledged or failed. Waiting only a while would let a large backlog (big values) refill
             # the queue before every drain, and no acknowledgement would be learnt until the end.
             self._checkpoint(wait_s=final_wait_s(self.options), sync=False)
-            if self.ledger.failed:
-                # librdkafka gave a record up (delivery.timeout.ms passed): this attempt cannot commit, and each
-                # further drain would wait out another delivery timeout (a dead broker: minutes per attempt).
-                raise self._undelivered()
 
     def _located(self, exc: DeliveryError | RecordError) -> DeliveryError | RecordError:
         return type(exc)(f"{self.where}: {self.options.scrub(str(exc))}")
