@@ -4,9 +4,9 @@ user's program does, with Spark's own log settings (nothing quietened): its stde
     python -m testing.stop_job --format recoverable_kafka --bootstrap B --topic T --checkpoint C [--option k=v ...]
     python -m testing.stop_job --format kafka --bootstrap B --topic T --checkpoint C
 
-A rate-micro-batch source feeds two partitions; a JVM-side pause upstream of the sink (``Thread.sleep`` through ``reflect``, the
-same for either sink) keeps each micro-batch's tasks inside the sink's write for a while, so the stop finds them
-there. The program prints ``stopped after N micro-batches`` and exits 0.
+A rate-micro-batch source feeds two partitions; a JVM-side pause upstream of the sink (``Thread.sleep`` through
+``reflect``, the same for either sink) keeps each micro-batch's tasks inside the sink's write for a while, so the stop
+finds them there. The program prints ``stopped after N micro-batches`` and exits 0.
 """
 
 from __future__ import annotations
