@@ -37,11 +37,12 @@ $(STAMP_JARS): jars/broker-pom.xml jars/spark-kafka-pom.xml
 	mvn -q -B -f jars/spark-kafka-pom.xml package
 	@mkdir -p build && touch $@
 
-kafka-up: setup
-	$(PYTHON) -m testing.kafka_local up
+# The broker needs only Java and its jars: no virtualenv (the launcher probes the broker without a Kafka client).
+kafka-up: $(STAMP_JARS)
+	$(PY) -m testing.kafka_local up
 
-kafka-down: setup
-	$(PYTHON) -m testing.kafka_local down
+kafka-down:
+	$(PY) -m testing.kafka_local down
 
 demo: setup
 	$(PYTHON) -m demo.demo
@@ -105,5 +106,5 @@ lint: setup
 	$(PYTHON) -m ruff check .
 
 clean:
-	-$(PYTHON) -m testing.kafka_local down
+	-$(PY) -m testing.kafka_local down
 	rm -rf build

@@ -17,6 +17,7 @@ from typing import Any
 
 from recoverable_sink._faults import FAULT_PREFIX, FaultPlan, parse_faults
 from recoverable_sink.errors import OptionError
+from recoverable_sink.option_names import SINK_OPTIONS, suggest, suggest_kafka
 
 KAFKA_PREFIX = "kafka."
 DEFAULT_WAL_MAX_BYTES = 4 << 30  # payload Kafka has not acknowledged yet, for all tasks on a host
@@ -93,39 +94,15 @@ _LIBRDKAFKA_SENSITIVE = frozenset({
 _SENSITIVE_LOOKING = re.compile(r"password|secret|jaas|token|credential|passphrase|\.pem$|ssl\.key\.|"
                                 r"oauthbearer\.(config|extensions)|basic\.auth\.user\.info", re.IGNORECASE)
 
-_SINK_OPTIONS = {
-    "topic",
-    "topic.mustexist",
-    "wal.path",
-    "wal.maxbytes",
-    "wal.enabled",
-    "wal.retentionhours",
-    "wal.proofgraceseconds",
-    "wal.proofmaxbytes",
-    "wal.writeid",
-    "rate.recordspersecond",
-    "rate.bytespersecond",
-    "producer.native",
-    "delivery.guarantee",
-    "transactional.id.prefix",
-    "preflight.timeoutms",
-    "summary.path",
-    "errors.tolerance",
-    "errors.deadletterqueue.topic.name",
-    "proof.kafka",
-    "proof.topic",
-    "proof.partitions",
-    "proof.replicationfactor",
-    "proof.retentionhours",
-    "proof.failonexpired",
-}
+_SINK_OPTIONS = {name.lower() for name in SINK_OPTIONS}
 # Schema Registry framing, per field: "<field>.<name>" for field in key, value.
 _REGISTRY_OPTIONS = ("schema.registry.url", "subject", "subject.name.strategy", "avro.schema",
                      "schema.registry.basic.auth.user.info", "schema.type", "protobuf.schema", "protobuf.message",
                      "json.schema")
 # Confluent's three wire formats, as the registry names them (its schemaType).
 SCHEMA_TYPES = ("AVRO", "PROTOBUF", "JSON")
-_SINK_OPTIONS |= {f"{field}.{name}" for field in ("key", "value") for name in _REGISTRY_OPTIONS}
+_REGISTRY_NAMES = tuple(f"{field}.{name}" for field in ("key", "value") for name in _REGISTRY_OPTIONS)
+_SINK_OPTIONS |= {name.lower() for name in _REGISTRY_NAMES}
 SUBJECT_STRATEGIES = ("TopicNameStrategy", "RecordNameStrategy", "TopicRecordNameStrategy")
 # Options Spark itself may hand to a streaming sink; they mean nothing here.
 _IGNORED = {"checkpointlocation", "queryname", "path"}
@@ -152,6 +129,36 @@ class DeadLetterTopic:
 
 
 ErrorTolerance = FailOnRefusal | DeadLetterTopic
+
+TOPIC_CREATION_PREFIX = "topic.creation.default."
+
+
+@dataclass(frozen=True)
+class TopicCreation:
+    """How the sink creates a topic that does not exist, where it creates one (the brokers auto-create topics, and
+    ``topic.mustExist`` is false): Kafka Connect's ``topic.creation.default.*`` options. -1 and no configs are the
+    brokers' own defaults (``num.partitions``, ``default.replication.factor``), as their auto-creation gives."""
+
+    partitions: int = -1
+    replication_factor: int = -1
+    configs: tuple[tuple[str, str], ...] = ()  # topic configs (cleanup.policy, retention.ms, ...), as given
+
+    @property
+    def brokers_defaults(self) -> bool:
+        return self.partitions == -1 and self.replication_factor == -1 and not self.configs
+
+    def describe(self) -> str:
+        """How a topic is made, for log lines and errors.
+
+        >>> TopicCreation().describe(), TopicCreation(6, -1, (("cleanup.policy", "compact"),)).describe()
+        ("the brokers' defaults", "6 partitions, the brokers' default replication factor, cleanup.policy=compact")
+        """
+        if self.brokers_defaults:
+            return "the brokers' defaults"
+        parts = [f"{self.partitions} partitions" if self.partitions != -1 else "the brokers' default partitions",
+                 f"replication factor {self.replication_factor}" if self.replication_factor != -1
+                 else "the brokers' default replication factor"]
+        return ", ".join(parts + [f"{k}={v}" for k, v in self.configs])
 
 
 @dataclass(frozen=True)
@@ -227,6 +234,8 @@ class SinkOptions:
     topic: str | None = None
     # A missing topic fails the write even where the brokers auto-create topics (default: created as they would).
     topic_must_exist: bool = False
+    # How the sink makes a missing topic where it makes one: partitions, replication factor, topic configs.
+    topic_creation: TopicCreation = TopicCreation()
     wal_path: str | None = None
     wal_max_bytes: int = DEFAULT_WAL_MAX_BYTES
     wal_enabled: bool = True
@@ -387,8 +396,12 @@ def _producer_config(kafka_options: Mapping[str, str]) -> dict[str, str]:
             "the sink promises no duplicates, so leave it true (the default)"
         )
     if not conf.get("bootstrap.servers", "").strip():
+        misspelt = [f"kafka.{name}" for name in kafka_options if suggest_kafka(name) == "kafka.bootstrap.servers"
+                    and name != "bootstrap.servers"]
         raise OptionError(
-            "option kafka.bootstrap.servers is required: give the brokers as host:port[,host:port...]"
+            (f"option {misspelt[0]} is not a producer setting: did you mean kafka.bootstrap.servers? It is required: "
+             if misspelt else "option kafka.bootstrap.servers is required: ")
+            + "give the brokers as host:port[,host:port...]"
         )
     # librdkafka's metadata requests would let a broker create a topic the sink only asked about; the sink creates
     # a missing topic itself, where topic.mustExist allows it (producer/topics.py).
@@ -529,6 +542,20 @@ def _id_part(name: str, value: str, lengths: str) -> str:
     return value
 
 
+def unknown_options(names: list[str]) -> str:
+    """The refusal of options the sink does not know: each as given, with the known option nearest to it.
+
+    >>> print(unknown_options(["delivery.guarentee"]))  # doctest: +ELLIPSIS
+    unknown option delivery.guarentee: did you mean delivery.guarantee? (names are case-insensitive; ...
+    """
+    parts = []
+    for name in names:
+        near = suggest(name, _REGISTRY_NAMES)
+        parts.append(f"{name}: did you mean {near}?" if near else f"{name}: no option of the sink is near it")
+    return (f"unknown option{'s' if len(parts) > 1 else ''} {'; '.join(parts)} (names are case-insensitive; producer "
+            "settings take the 'kafka.' prefix; docs/operations.md, Options in detail, lists the sink's own)")
+
+
 def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """Validate the options of one write and return what the tasks need.
 
@@ -542,22 +569,23 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
     """
     lowered = {str(k).lower(): str(v) for k, v in options.items()}
     kafka = {k[len(KAFKA_PREFIX):]: v for k, v in lowered.items() if k.startswith(KAFKA_PREFIX)}
-    unknown = sorted(k for k in lowered if not k.startswith((KAFKA_PREFIX, FAULT_PREFIX))
-                     and k not in _SINK_OPTIONS | _IGNORED)
+    unknown = sorted(str(k) for k in options
+                     if not str(k).lower().startswith((KAFKA_PREFIX, FAULT_PREFIX, TOPIC_CREATION_PREFIX))
+                     and str(k).lower() not in _SINK_OPTIONS | _IGNORED)
     if unknown:
-        raise OptionError(
-            f"unknown option(s) {', '.join(unknown)}: producer settings take the 'kafka.' prefix "
-            f"(kafka.linger.ms, ...); the sink's own options are {', '.join(sorted(_SINK_OPTIONS))}"
-        )
+        raise OptionError(unknown_options(unknown))
     topic = lowered.get("topic")
     if topic is not None and not topic.strip():
         raise OptionError("option topic is empty: give a topic name, or drop the option and use a topic column")
     conf = _producer_config(kafka)
     guarantee = _guarantee(lowered.get("delivery.guarantee", AT_LEAST_ONCE), conf)
+    must_exist = _parse_bool("topic.mustExist", lowered.get("topic.mustexist", "false"))
+    creation = _topic_creation(lowered, must_exist)
     return SinkOptions(
         producer_items=tuple(sorted(conf.items())),
         topic=topic,
-        topic_must_exist=_parse_bool("topic.mustExist", lowered.get("topic.mustexist", "false")),
+        topic_must_exist=must_exist,
+        topic_creation=creation,
         wal_path=lowered.get("wal.path") or None,
         wal_max_bytes=parse_size("wal.maxBytes", lowered.get("wal.maxbytes", str(DEFAULT_WAL_MAX_BYTES))),
         wal_enabled=_parse_bool("wal.enabled", lowered.get("wal.enabled", "true")),
@@ -617,6 +645,42 @@ def _proof(lowered: Mapping[str, str]) -> ProofPlace:
     fail = _parse_bool("proof.failOnExpired", lowered.get("proof.failonexpired", "true"))
     return KafkaProof(topic=topic, partitions=partitions, replication=replication, retention_hours=hours,
                       fail_on_expired=fail)
+
+
+def _topic_creation(lowered: Mapping[str, str], must_exist: bool) -> TopicCreation:
+    """topic.creation.default.partitions, .replication.factor and any other topic config under that prefix.
+
+    >>> _topic_creation({"topic.creation.default.partitions": "6", "topic.creation.default.retention.ms": "60000"},
+    ...                 False)
+    TopicCreation(partitions=6, replication_factor=-1, configs=(('retention.ms', '60000'),))
+    """
+    given = {k[len(TOPIC_CREATION_PREFIX):]: v.strip() for k, v in lowered.items()
+             if k.startswith(TOPIC_CREATION_PREFIX)}
+    if not given:
+        return TopicCreation()
+    if must_exist:
+        raise OptionError(f"option(s) {', '.join(TOPIC_CREATION_PREFIX + k for k in sorted(given))} say how the "
+                          "sink creates a missing topic, and topic.mustExist=true says it never creates one: drop one "
+                          "of them")
+
+    def count(name: str, upper: int) -> int:
+        value = given.pop(name, "-1")
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number != -1 and not 1 <= number <= upper:
+            raise OptionError(f"option {TOPIC_CREATION_PREFIX}{name}={value!r} must be a whole number from 1 to "
+                              f"{upper}, or -1 for the brokers' default")
+        return number
+
+    partitions = count("partitions", 2**31 - 1)
+    replication = count("replication.factor", 2**15 - 1)
+    empty = [k for k, v in given.items() if not k or not v]
+    if empty:
+        raise OptionError(f"option {TOPIC_CREATION_PREFIX}{empty[0]} needs a topic config name and a value (e.g. "
+                          f"{TOPIC_CREATION_PREFIX}cleanup.policy=compact)")
+    return TopicCreation(partitions, replication, tuple(sorted(given.items())))
 
 
 def _error_tolerance(lowered: Mapping[str, str], topic: str | None) -> ErrorTolerance:

@@ -17,14 +17,15 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic
+from typing import TypeVar
 
 log = logging.getLogger("testing.kafka_local")
 
@@ -33,6 +34,7 @@ LIBS = REPO / "build" / "kafka" / "libs"
 # The development broker's directory; overridable so that a second one (another port) can run beside it.
 LOCAL_ROOT = Path(os.environ.get("KAFKA_LOCAL_DIR", REPO / "build" / "kafka" / "local"))
 JVM_HEAP = ["-Xms256m", "-Xmx512m"]
+C = TypeVar("C", bound="KafkaCluster")
 
 
 def free_port() -> int:
@@ -82,23 +84,92 @@ def _new_cluster_id() -> str:
             return cid
 
 
-def _quiet_admin(bootstrap: str) -> AdminClient:
-    # A probe of a broker that is not up yet is expected to fail; keep librdkafka's connect errors off stderr.
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "socket.connection.setup.timeout.ms": 2000})
+@dataclass(frozen=True)
+class BrokerAnswer:
+    """A broker's answer to a Metadata request: the node that answered (-1 if it does not list the address asked),
+    the nodes it lists (id -> host, port) and the cluster id."""
+
+    orig_broker_id: int
+    brokers: dict[int, tuple[str, int]]
+    cluster_id: str | None
 
 
-def metadata(bootstrap: str, timeout_s: float = 2) -> ClusterMetadata | None:
-    """The cluster metadata answered through ``bootstrap``, or None when nothing answers in time."""
-    try:
-        return _quiet_admin(bootstrap).list_topics(timeout=timeout_s)
-    except KafkaException:
-        return None
+# Metadata v4: the oldest version Kafka 4 still serves (KIP-896 removed v0-v3) and the last before the flexible
+# encoding, so a few struct calls read it. This probe needs no Kafka client: `make kafka-up` runs without the
+# repository's virtualenv.
+_METADATA_KEY, _METADATA_VERSION = 3, 4
+
+
+def _metadata_request() -> bytes:
+    client = b"testing.kafka_local"
+    # Header v1 (api key, version, correlation id, client id), then no topics and no auto-creation.
+    body = struct.pack(">hhih", _METADATA_KEY, _METADATA_VERSION, 1, len(client)) + client + struct.pack(">ib", 0, 0)
+    return struct.pack(">i", len(body)) + body
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(n)
+        if not chunk:
+            raise ConnectionError("the broker closed the connection")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _ask_metadata(host: str, port: int, timeout_s: float) -> BrokerAnswer:
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.settimeout(timeout_s)
+        sock.sendall(_metadata_request())
+        (size,) = struct.unpack(">i", _read_exactly(sock, 4))
+        data = _read_exactly(sock, size)
+    at = 8  # the correlation id, then the throttle time
+
+    def take(fmt: str) -> int:
+        nonlocal at
+        (value,) = struct.unpack_from(fmt, data, at)
+        at += struct.calcsize(fmt)
+        return value
+
+    def string() -> str | None:
+        nonlocal at
+        n = take(">h")
+        if n < 0:
+            return None
+        at += n
+        return data[at - n:at].decode()
+
+    brokers = {}
+    for _ in range(take(">i")):
+        node, node_host, node_port, _rack = take(">i"), string(), take(">i"), string()
+        brokers[node] = (node_host or "", node_port)
+    answered = next((n for n, (h, p) in brokers.items() if p == port and h in (host, "localhost", "127.0.0.1")), -1)
+    return BrokerAnswer(answered, brokers, string())
+
+
+def metadata(bootstrap: str, timeout_s: float = 2) -> BrokerAnswer | None:
+    """The metadata the first address of ``bootstrap`` to answer gives, or None when none answers within
+    ``timeout_s`` (PLAINTEXT listeners only)."""
+    deadline = time.monotonic() + timeout_s
+    for address in (a.strip() for a in bootstrap.split(",") if a.strip()):
+        host, _, port = address.rpartition(":")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        try:
+            return _ask_metadata(host.strip("[]"), int(port), remaining)
+        except (OSError, ValueError, struct.error):
+            continue
+    return None
 
 
 def create_topic(bootstrap: str, name: str, partitions: int = 1, replication_factor: int | None = None,
                  config: dict[str, str] | None = None, timeout_s: float = 30) -> str:
     """Create ``name`` and wait until every partition's leader answers for it. ``replication_factor`` None
     means the brokers' default (so it works on any cluster, whatever its size)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
     admin = AdminClient({"bootstrap.servers": bootstrap})
     topic = NewTopic(name, partitions, -1 if replication_factor is None else replication_factor,
                      config=config or {})
@@ -117,6 +188,8 @@ def _logs_open(bootstrap: str, topic: str, partitions: int) -> bool:
     """Whether every partition answers ListOffsets. A leader in the metadata does not mean its log is open yet:
     a first request a moment too early gets NOT_LEADER_FOR_PARTITION, and an idempotent Java producer then
     spins on OUT_OF_ORDER_SEQUENCE_NUMBER until delivery.timeout.ms (KAFKA-15591)."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"ready-{uuid.uuid4().hex}"})
     try:
         for p in range(partitions):
@@ -133,7 +206,7 @@ class KafkaCluster:
     files under ``root``, so that another process can find and stop them."""
 
     def __init__(self, root: Path, num_brokers: int = 1, port: int | None = None,
-                 broker_props: dict[str, str] | None = None) -> None:
+                 broker_props: dict[str, str] | None = None, kafka_defaults: bool = False) -> None:
         if num_brokers < 1:
             raise ValueError("num_brokers must be at least 1")
         if port is not None and num_brokers != 1:
@@ -141,6 +214,8 @@ class KafkaCluster:
         self.root = Path(root)
         self.n = num_brokers
         self.extra = dict(broker_props or {})
+        # Apache Kafka's own defaults (what `make kafka-up` starts), rather than the test suite's settings below.
+        self.kafka_defaults = kafka_defaults
         self.format_args: list[str] = []  # extra `kafka-storage format` arguments (e.g. --add-scram)
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         saved = self._saved_ports()
@@ -201,7 +276,7 @@ class KafkaCluster:
     def _write_props(self, node_id: int) -> None:
         n = self.n
         voters = ",".join(f"{i}@127.0.0.1:{self.controller_ports[i - 1]}" for i in self.node_ids)
-        props = {
+        node = {
             "process.roles": "broker,controller",
             "node.id": str(node_id),
             "controller.quorum.voters": voters,
@@ -212,6 +287,10 @@ class KafkaCluster:
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "log.dirs": str(self.node_dir(node_id) / "data"),
+        }
+        props = {
+            **node,
+            # A misspelt topic fails in the tests instead of being created; tests of auto-creation use kafka_defaults.
             "auto.create.topics.enable": "false",
             "num.partitions": "1",
             "offsets.topic.replication.factor": str(min(3, n)),
@@ -226,6 +305,15 @@ class KafkaCluster:
         if n >= 3:  # what a production cluster runs with: a write survives one dead broker
             props["default.replication.factor"] = "3"
             props["min.insync.replicas"] = "2"
+        if self.kafka_defaults:
+            # Only what the node needs to run, and, for fewer than three nodes, the internal topics' replication
+            # that Kafka's own single-node sample configuration sets (their default of 3 cannot be placed there).
+            props = dict(node)
+            if n < 3:
+                props |= {"offsets.topic.replication.factor": str(n),
+                          "transaction.state.log.replication.factor": str(n), "transaction.state.log.min.isr": "1",
+                          "share.coordinator.state.topic.replication.factor": str(n),
+                          "share.coordinator.state.topic.min.isr": "1"}
         props.update(self.extra)
         self.node_dir(node_id).mkdir(parents=True, exist_ok=True)
         self._props_file(node_id).write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -294,22 +382,31 @@ class KafkaCluster:
             self.stop()
         (self.root / "ports").write_text(" ".join(map(str, self.ports + self.controller_ports)))
         cluster_id = self._cluster_id()
-        for node in self.node_ids:
-            if self.pid(node) is not None:
-                continue
-            for port in (self.broker_port(node), self.controller_ports[node - 1]):
-                if not _port_free(port):
-                    raise RuntimeError(f"node {node}: 127.0.0.1:{port} is already in use by another process")
-            self._write_props(node)
-            if not (self.node_dir(node) / "data" / "meta.properties").exists():
-                fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                                "-c", str(self._props_file(node)), "--ignore-formatted",
-                                                *self.format_args),
-                                     capture_output=True, text=True, timeout=120)
-                if fmt.returncode != 0:
-                    raise RuntimeError(f"formatting node {node} failed ({fmt.returncode}):\n{fmt.stdout}{fmt.stderr}")
-            self._spawn(node)
-        self.wait_ready(self.node_ids, timeout_s)
+        started: list[int] = []
+        try:
+            for node in self.node_ids:
+                if self.pid(node) is not None:
+                    continue
+                for port in (self.broker_port(node), self.controller_ports[node - 1]):
+                    if not _port_free(port):
+                        raise RuntimeError(f"node {node}: 127.0.0.1:{port} is already in use by another process")
+                self._write_props(node)
+                if not (self.node_dir(node) / "data" / "meta.properties").exists():
+                    fmt = subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                                    "-c", str(self._props_file(node)), "--ignore-formatted",
+                                                    *self.format_args),
+                                         capture_output=True, text=True, timeout=120)
+                    if fmt.returncode != 0:
+                        raise RuntimeError(f"formatting node {node} failed ({fmt.returncode}):\n"
+                                           f"{fmt.stdout}{fmt.stderr}")
+                self._spawn(node)
+                started.append(node)
+            self.wait_ready(self.node_ids, timeout_s)
+        except BaseException:
+            # A failed start leaves nothing of its own running: brokers left behind would hold their ports and two
+            # cores' worth of JVMs for the rest of a test session.
+            self._stop_nodes(started, timeout_s=20)
+            raise
         return self
 
     def wait_ready(self, nodes: list[int] | None = None, timeout_s: float = 120) -> None:
@@ -367,7 +464,10 @@ class KafkaCluster:
 
     def stop(self, timeout_s: float = 30) -> None:
         """SIGTERM every node (a clean shutdown), then SIGKILL what is still running at the deadline."""
-        pids = {node: pid for node in self.node_ids if (pid := self.pid(node)) is not None}
+        self._stop_nodes(self.node_ids, timeout_s)
+
+    def _stop_nodes(self, nodes: list[int], timeout_s: float) -> None:
+        pids = {node: pid for node in nodes if (pid := self.pid(node)) is not None}
         for pid in pids.values():
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
@@ -377,7 +477,7 @@ class KafkaCluster:
             if self.pid(node) is not None:
                 log.warning("broker %d (pid %d) ignored SIGTERM for %ss: killing it", node, pid, timeout_s)
                 self.kill_broker(node, signal.SIGKILL)
-        for node in self.node_ids:
+        for node in nodes:
             self._pid_file(node).unlink(missing_ok=True)
 
     def wipe(self) -> None:
@@ -395,28 +495,58 @@ class KafkaCluster:
 
     def leader_of(self, topic: str, partition: int) -> int:
         """The node id leading ``topic``/``partition`` now (-1 while there is none)."""
+        from confluent_kafka.admin import AdminClient
+
         meta = AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(topic, timeout=10)
         return meta.topics[topic].partitions[partition].leader
 
 
+def start_cluster(make: Callable[[], C], timeout_s: float = 120, tries: int = 2) -> C:
+    """``make()``'s cluster started, trying once more with a fresh one (new ports, its data wiped) if a start fails:
+    on a loaded 2-core machine a 3-broker cluster has been seen not ready within 120 s, where a second start is.
+    Each failed start has stopped what it started."""
+    for attempt in range(1, tries + 1):
+        cluster = make()
+        try:
+            return cluster.start(timeout_s)
+        except (TimeoutError, RuntimeError) as exc:
+            if attempt == tries:
+                raise
+            log.warning("a Kafka cluster under %s did not start (%s); starting a fresh one", cluster.root,
+                        str(exc).splitlines()[0])
+            cluster.wipe()
+    raise AssertionError("unreachable")
+
+
 # ---- the command line: one long-lived broker for development ---------------------------------------------
 def local_cluster() -> KafkaCluster:
-    """The development broker of ``make kafka-up``: 127.0.0.1:${KAFKA_PORT:-9092}, data under build/kafka/local."""
-    return KafkaCluster(LOCAL_ROOT, 1, port=int(os.environ.get("KAFKA_PORT", "9092")))
+    """The development broker of ``make kafka-up``: 127.0.0.1:${KAFKA_PORT:-9092}, data under build/kafka/local,
+    Apache Kafka's default settings (topics are auto-created, as the README's Quickstart expects)."""
+    return KafkaCluster(LOCAL_ROOT, 1, port=int(os.environ.get("KAFKA_PORT", "9092")), kafka_defaults=True)
+
+
+_OTHER_PORT = "KAFKA_PORT=9093 make kafka-up starts this repository's broker on another port (make kafka-down stops it)"
 
 
 def ensure_local(timeout_s: float = 120) -> str:
     """Bring the development broker up unless it (or another Kafka on its port) already answers; return the
-    bootstrap address."""
+    bootstrap address. Which broker it is, and how to choose another, is logged."""
     cluster = local_cluster()
     if cluster.pid(1) is not None:
         cluster.wait_ready([1], timeout_s)
-        log.info("Kafka already up on %s", cluster.bootstrap_servers)
-    elif metadata(cluster.bootstrap_servers) is not None:
-        log.info("a Kafka broker not started here already answers on %s: using it", cluster.bootstrap_servers)
+        log.info("Kafka already up on %s, started here (pid %s, log: %s)", cluster.bootstrap_servers, cluster.pid(1),
+                 cluster.log_file(1))
+        if "auto.create.topics.enable=false" in cluster._props_file(1).read_text(errors="replace"):
+            log.warning("it was started with an earlier checkout's settings, which do not auto-create topics: "
+                        "`make kafka-down kafka-up` restarts it with Kafka's defaults")
+    elif (answer := metadata(cluster.bootstrap_servers)) is not None:
+        log.warning("a Kafka broker not started by `make kafka-up` already answers on %s (cluster id %s, %d "
+                    "broker(s)): using it as it is, with its own settings (whether it auto-creates topics, say); %s",
+                    cluster.bootstrap_servers, answer.cluster_id, len(answer.brokers), _OTHER_PORT)
     else:
         cluster.start(timeout_s)
-        log.info("Kafka up on %s (log: %s)", cluster.bootstrap_servers, cluster.log_file(1))
+        log.info("Kafka up on %s with Apache Kafka's default settings (log: %s); %s", cluster.bootstrap_servers,
+                 cluster.log_file(1), _OTHER_PORT)
     return cluster.bootstrap_servers
 
 

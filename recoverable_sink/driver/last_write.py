@@ -26,7 +26,7 @@ def _path(jvm_pid: int) -> str:
     return os.path.join(tempfile.gettempdir(), f"recoverable_kafka-{os.getuid()}", f"driver-{jvm_pid}.json")
 
 
-def _ancestor_jvm() -> int | None:
+def ancestor_jvm() -> int | None:
     """The JVM this process descends from (a Python worker's driver or executor JVM), by /proc."""
     pid = os.getppid()
     for _ in range(8):
@@ -46,7 +46,7 @@ def _ancestor_jvm() -> int | None:
 def remember(record: dict[str, Any]) -> None:
     """In the driver's Python worker: keep ``record`` as its JVM's last committed write. Best effort: a summary
     that cannot be kept is logged, never failing a write that Kafka already holds."""
-    jvm = _ancestor_jvm()
+    jvm = ancestor_jvm()
     if jvm is None:
         return
     path = _path(jvm)

@@ -1,7 +1,8 @@
 """Checks made on the driver before any task runs: the producer configuration is one librdkafka accepts, the
 brokers answer and accept the credentials and the CA, the ``topic`` option names a topic that exists and that
-this principal may write, librdkafka's batches fit the topic's ``max.message.bytes``, and (exactly_once) the
-transaction coordinator, ACLs and timeout allow transactions."""
+this principal may write, librdkafka's batches fit the topic's ``max.message.bytes``, the brokers accept the
+``topic.creation.default.*`` options, and (exactly_once) the transaction coordinator, ACLs and timeout allow
+transactions."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import re
 import socket
 import time
+import uuid
 from contextlib import suppress
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -17,8 +19,9 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata
 from recoverable_sink._logging import get_logger
 from recoverable_sink.deadlines import within
 from recoverable_sink.errors import OptionError, transaction_problem
+from recoverable_sink.option_names import suggest_kafka
 from recoverable_sink.options import DEFAULT_BATCH_SIZE, DeadLetterTopic, SinkOptions, client_config, short_lived
-from recoverable_sink.producer.topics import create_as_brokers_would, says_missing
+from recoverable_sink.producer.topics import create_as_brokers_would, new_topic, refused_setting, says_missing
 
 log = get_logger("preflight")
 
@@ -197,9 +200,12 @@ def check_cluster(options: SinkOptions, questions: TopicQuestions | None = None)
         text = options.scrub(exc.args[0].str() if exc.args else str(exc))
         m = _PROPERTY.search(text)
         name = _option_name(m.group(1), options) if m else "a kafka.* option"
-        raise OptionError(f"{name} is not valid for the producer (librdkafka): {text}; fix or remove it") from None
+        near = suggest_kafka(m.group(1)) if m and "No such configuration property" in text else None
+        hint = f"did you mean {near}?" if near else "fix or remove it"
+        raise OptionError(f"{name} is not valid for the producer (librdkafka): {text}; {hint}") from None
     try:
         metadata = _metadata(producer, options, errors)
+        check_topic_creation(options)  # the brokers answer: before any topic is made as these options say
         if options.topic is not None:
             topic = metadata.topics.get(options.topic)
             if topic is None or topic.error is not None:
@@ -328,6 +334,33 @@ def check_dead_letter_topic(options: SinkOptions) -> SinkOptions:
                 f"option errors.deadletterqueue.topic.name={dead.topic}: the topic does not exist ({reason}), and "
                 f"{why}: create it first, or check its name")
     raise AssertionError("unreachable")
+
+
+def check_topic_creation(options: SinkOptions) -> None:
+    """With ``topic.creation.default.*`` options: the brokers accept them, asked as a CreateTopics that only
+    validates (for a name no topic has), so that a misspelt topic config or a replication factor the cluster cannot
+    give fails the write here, naming the option, rather than in the tasks that would create a topic column's topic.
+    No right to create topics, or no answer in time, leaves the check to the brokers when a topic is made."""
+    how = options.topic_creation
+    if how.brokers_defaults:
+        return
+    probe = f"recoverable-kafka-creation-check-{uuid.uuid4().hex[:12]}"
+    admin = _probe_admin(options)  # kept in a name until the answer came: a dropped client cancels its futures
+    try:
+        admin.create_topics([new_topic(probe, how)], validate_only=True,
+                            request_timeout=options.preflight_timeout_s)[probe].result(timeout=_answer_wait_s(options))
+    except KafkaException as exc:
+        err = exc.args[0]
+        setting = refused_setting(err, how)
+        if setting is None:
+            log.info("could not check the topic.creation.default.* options (%s); the brokers check them when the sink "
+                     "creates a topic", options.scrub(err.str()))
+            return
+        raise OptionError(f"option {setting}: the brokers would refuse to create a topic with {how.describe()} "
+                          f"({options.scrub(err.str())}); fix {setting}") from None
+    except TimeoutError:
+        log.info("the brokers did not answer the check of the topic.creation.default.* options in time; they check "
+                 "them when the sink creates a topic")
 
 
 def check_transactions(options: SinkOptions) -> None:

@@ -15,6 +15,7 @@ from pyspark.sql.types import StructType
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
+from recoverable_sink.driver import shared_checks
 from recoverable_sink.driver.batch_write import RecoverableKafkaBatchWriter
 from recoverable_sink.driver.preflight import (
     TopicQuestions,
@@ -45,7 +46,9 @@ class RecentChecks:
     worker it keeps), and the checks are most of what the sink adds to a micro-batch over a Python sink that does
     nothing (docs/performance.md, "A stream's checks reused"). A batch write always checks. What changes within the
     window (a topic deleted, a right revoked, a smaller ``max.message.bytes``) fails the tasks instead, with the
-    brokers' own error, and the next check after the window says it before any task runs."""
+    brokers' own error, and the next check after the window says it before any task runs. The answers are shared
+    with the driver's other Python workers (:mod:`.shared_checks`): a micro-batch's commit or abort does not check
+    again what its planning just checked."""
 
     REUSE_S = 60.0
 
@@ -59,7 +62,16 @@ class RecentChecks:
         if found is not None and now - found[0] < self.REUSE_S:
             log.debug("reusing the driver's checks of %.1f s ago", now - found[0])
             return found[1]
-        args = source._writer_args(schema)
+        # Another Python worker of this driver (the micro-batch's planning, for its commit or abort) may have checked.
+        raw = {str(k): str(v) for k, v in source.options.items()}
+        shared_key = shared_checks.key_of(raw, schema.json())
+        shared = shared_checks.load(shared_key, parse_options(raw), self.REUSE_S)
+        if shared is not None:
+            log.debug("reusing the checks another Python worker of this driver made")
+            args = WriterArgs(*shared)
+        else:
+            args = source._writer_args(schema)
+            shared_checks.save(shared_key, args.options, args.plan, args.cluster_id)
         self._answers = {k: v for k, v in self._answers.items() if now - v[0] < self.REUSE_S}
         self._answers[key] = (now, args)
         return args
@@ -124,4 +136,5 @@ class RecoverableKafkaDataSource(DataSource):
         # overwrite is set for outputMode("complete"): like format("kafka"), every trigger then appends the whole
         # result table to the topic; there is nothing to truncate in Kafka.
         with sentence_first():
-            return RecoverableKafkaStreamWriter(*_RECENT.get(self, schema))
+            checkpoint = next((str(v) for k, v in self.options.items() if str(k).lower() == "checkpointlocation"), None)
+            return RecoverableKafkaStreamWriter(*_RECENT.get(self, schema), checkpoint_location=checkpoint)

@@ -9,18 +9,25 @@ and sends nothing twice. That proof is released when a later micro-batch of the 
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
 from collections.abc import Iterator
 
 import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import WriterCommitMessage
 
+from recoverable_sink._logging import get_logger
 from recoverable_sink.columns import SchemaPlan
 from recoverable_sink.contract import SinkCommitMessage, TaskIdentity, new_run_id, stream_write_id
 from recoverable_sink.driver import proof_place
 from recoverable_sink.driver.summary import log_abort, log_commit, summarize, write_summary
 from recoverable_sink.errors import RecoverableSinkError, sentence_first
 from recoverable_sink.options import SinkOptions
+
+log = get_logger("writer")
 
 try:
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamArrowWriter
@@ -39,10 +46,13 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
     """Writes each micro-batch's partitions through the WAL: across task retries and driver restarts from the
     same checkpoint, a record acknowledged once is not sent again on the same host."""
 
-    def __init__(self, options: SinkOptions, plan: SchemaPlan, cluster_id: str) -> None:
+    def __init__(self, options: SinkOptions, plan: SchemaPlan, cluster_id: str,
+                 checkpoint_location: str | None = None) -> None:
         self.options = options
         self.plan = plan
         self.cluster_id = cluster_id
+        # Where the driver finds the query's id when no task reported it (an abort after every task was killed).
+        self.checkpoint_location = checkpoint_location
         # One run of this micro-batch (this driver-side writer, one SparkContext): its tasks' attempt ids are ordered.
         self.run_id = new_run_id()
 
@@ -75,15 +85,56 @@ class RecoverableKafkaStreamWriter(_StreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         proof_place.advance_stream(self.options, messages)
         summary = summarize(messages)
-        log_commit(f"micro-batch {batchId}", summary, routine_at_debug=True)
-        write_summary(self.options.summary_path, "commit", f"batch-{batchId}", {"batch_id": batchId, **summary})
+        query_id = self._query_id(messages)
+        write_id = stream_write_id(query_id, batchId) if query_id else f"batch-{batchId}"
+        log_commit(f"micro-batch {batchId}" + (f" of query {query_id}" if query_id else ""), summary)
+        write_summary(self.options.summary_path, "commit", write_id, {"batch_id": batchId, "query_id": query_id,
+                                                                      **summary})
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        summary = summarize(messages)
-        done = [m for m in messages if isinstance(m, SinkCommitMessage)]
-        query_id = next((str(m.query_id) for m in done if m.query_id), None)
-        log_abort(f"micro-batch {batchId}", summary, self.options.wal_path or next((m.wal_path for m in done), None),
-                  stream_write_id(query_id, batchId) if query_id else f"(this query's id)-b{batchId:012d}",
-                  "restart the query from its checkpoint: Spark re-runs the batch under the same id and it sends "
-                  "only what Kafka never acknowledged")
-        write_summary(self.options.summary_path, "abort", f"batch-{batchId}", {"batch_id": batchId, **summary})
+        """Spark aborts a micro-batch when the query is stopped during it (its tasks killed) as well as when a task
+        failed for good; either way the query's next start re-runs the batch under the same id. So the line says what
+        is where at INFO (Spark's own error, if any, is the one to read), and nothing here may raise: an abort that
+        raised made Spark log that the micro-batch "failed to abort", as a stop of a healthy stream."""
+        try:
+            summary = summarize(messages)
+            done = [m for m in messages if isinstance(m, SinkCommitMessage)]
+            query_id = self._query_id(messages)
+            write_id = stream_write_id(query_id, batchId) if query_id else None
+            where = self.options.wal_path or next((m.wal_path for m in done), None)
+            how = ("nothing to do if the query was stopped: its next start from its checkpoint re-runs micro-batch "
+                   f"{batchId} under the same id and sends only what Kafka lacks")
+            log_abort(f"micro-batch {batchId}" + (f" of query {query_id}" if query_id else ""), summary, where,
+                      write_id or f"(the query's id, as query.id gives it)-b{batchId:012d}", how, level=logging.INFO)
+            write_summary(self.options.summary_path, "abort", write_id or f"batch-{batchId}",
+                          {"batch_id": batchId, "query_id": query_id, **summary})
+        except Exception as exc:  # noqa: BLE001 - the abort's own trouble must not stand for the batch's
+            log.warning("micro-batch %d: could not record its abort (%s); its query's next start re-runs it",
+                        batchId, exc)
+
+    def _query_id(self, messages: list[WriterCommitMessage | None]) -> str | None:
+        """The streaming query's id: from a task that finished, else from the checkpoint's metadata."""
+        found = next((str(m.query_id) for m in messages if isinstance(m, SinkCommitMessage) and m.query_id), None)
+        return found or checkpoint_query_id(self.checkpoint_location)
+
+
+def checkpoint_query_id(location: str | None) -> str | None:
+    """The query id Spark keeps in ``<checkpointLocation>/metadata`` (``{"id": "..."}``, written when the query first
+    starts), where the location is a local path; None elsewhere (HDFS, object stores) or when it cannot be read.
+
+    >>> import json, os, tempfile
+    >>> d = tempfile.mkdtemp(); _ = open(os.path.join(d, "metadata"), "w").write(json.dumps({"id": "q-1"}))
+    >>> checkpoint_query_id("file://" + d), checkpoint_query_id(d), checkpoint_query_id("s3a://b/c")
+    ('q-1', 'q-1', None)
+    """
+    if not location:
+        return None
+    path = re.sub(r"^file:(//)?", "", location) if location.startswith("file:") else location
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path):  # another file system's URI
+        return None
+    try:
+        with open(os.path.join(path, "metadata"), encoding="utf-8") as f:
+            found = json.loads(f.readline()).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(found) if found else None

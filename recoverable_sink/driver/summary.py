@@ -84,11 +84,10 @@ def write_summary(path: str | None, event: str, write_id: str, summary: Mapping[
         out.write(json.dumps(record) + "\n")
 
 
-def log_commit(label: str, summary: Summary, routine_at_debug: bool = False) -> None:
-    """One line per committed write; with ``routine_at_debug`` (a micro-batch), at DEBUG unless a partition was
-    retried or skipped records, so a stream does not log a line per trigger at Spark's usual levels."""
-    eventful = bool(summary["retried_partitions"] or summary["skipped"] or summary["replayed"])
-    log.log(logging.INFO if eventful or not routine_at_debug else logging.DEBUG,
+def log_commit(label: str, summary: Summary) -> None:
+    """One INFO line per committed write or micro-batch (a stream's only sink line per trigger when all goes well),
+    and a warning for each thing the user should know of."""
+    log.info(
         "%s committed: %d records in %d partitions, %d published, %d acknowledged, %d skipped as already "
         "delivered, %d re-sent after an earlier attempt logged them, %d partitions retried",
         label, summary["received"], summary["partitions"], summary["published"], summary["acknowledged"],
@@ -117,20 +116,32 @@ def wal_location(wal_path: str | None) -> tuple[str, str]:
 
 
 def log_abort(label: str, summary: Summary, wal_path: str | None, write_id: str,
-              how_to_finish: str) -> None:
-    """The abort line: which partitions finished, which did not, where their records are, what to run. At ERROR
-    when some partition finished (a write left half done); at WARNING when none did, where the tasks' own error
-    is what the user reads first (a stopped query, a write refused on bad input) and failed tasks do not say
-    whether they sent anything."""
+              how_to_finish: str, level: int | None = None) -> None:
+    """The abort line: which partitions finished, which did not, where their records are, what to run. By default
+    at ERROR when some partition finished (a write left half done) and at WARNING when none did, where the tasks'
+    own error is what the user reads first (a write refused on bad input) and failed tasks do not say whether they
+    sent anything; ``level`` sets it (a micro-batch's: its query's next start finishes it)."""
     where, path_arg = wal_location(wal_path)
     sent = bool(summary["finished"] or summary["published"])
     log.log(
-        logging.ERROR if sent else logging.WARNING,
-        "%s aborted: %d of %d partitions did not finish (%s); partitions that finished: %s. Records Kafka did not "
+        level if level is not None else logging.ERROR if sent else logging.WARNING,
+        "%s aborted: %d of %d partitions did not finish (%s); partitions that finished: %s, with %d records, %d "
+        "acknowledged by Kafka%s (a failed task reports nothing to the driver: the list command below counts what "
+        "its attempts logged and what Kafka acknowledged). Records Kafka did not "
         "acknowledge stay in the WAL under %s on the executors that ran them (write id %s): "
         "`recoverable-kafka-wal list --path %s --write-id %s` on each executor host shows which partitions are "
-        "there and whether each was fully logged; a partition found on no host never started. To finish the "
-        "write: %s",
+        "there, whether each was fully logged and what no attempt got acknowledged; a partition found on no host "
+        "never started. To finish the write: %s",
         label, summary["failed_partitions"], summary["partitions"], summary["unfinished"] or "none",
-        summary["finished"] or "none", where, write_id, path_arg, write_id, how_to_finish,
+        summary["finished"] or "none", summary["received"], summary["acknowledged"], _dead_letters(summary), where,
+        write_id, path_arg, write_id, how_to_finish,
     )
+
+
+def _dead_letters(summary: Summary) -> str:
+    """How the finished partitions' dead letters are named in the abort line ("" when there are none)."""
+    dead = summary["dead_lettered"]
+    if not dead:
+        return ""
+    kinds = ", ".join(f"{kind} {n}" for kind, n in dead.items())
+    return f" and {sum(dead.values())} sent to the dead-letter topic {summary['dead_letter_topic']} ({kinds})"

@@ -30,12 +30,14 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import TextIO, TypedDict
 
 from recoverable_sink._logging import configure, get_logger
 from recoverable_sink.errors import RecoverableSinkError
+from recoverable_sink.identity import DIGEST_SIZE, split
 from recoverable_sink.ops.replay import ReplayCounts, replay_write
 from recoverable_sink.options import is_sensitive
 from recoverable_sink.wal import AttemptInfo, Wal, open_wal
@@ -62,6 +64,9 @@ class AttemptRow(TypedDict):
     bytes: int
     topic: str | None
     kind: str | None
+    key: str
+    seq: int | None
+    run: str | None
 
 
 def describe(wal: Wal, write_id: str | None) -> list[AttemptRow]:
@@ -77,20 +82,88 @@ def describe(wal: Wal, write_id: str | None) -> list[AttemptRow]:
         rows.append({"write_id": a.write_id, "partition": a.partition, "attempt": a.attempt, "host": a.host,
                      "state": a.state.value, "proof_trimmed": a.trimmed, "created": a.created,
                      "age_s": round(now - a.created, 1), "records": records, "acknowledged": acked,
-                     "unacknowledged": records - acked, "bytes": size, "topic": a.topic, "kind": a.kind})
+                     "unacknowledged": records - acked, "bytes": size, "topic": a.topic, "kind": a.kind,
+                     "key": a.key, "seq": a.seq, "run": a.run})
     return rows
 
 
-def totals_by_write(rows: Sequence[AttemptRow]) -> list[dict[str, object]]:
-    """Per write: attempts, partitions, records still unacknowledged, payload held, age of the newest attempt."""
+def _public(row: AttemptRow) -> dict[str, object]:
+    """An attempt's row as ``list`` shows it (without the WAL key, begin order and run the totals are counted by)."""
+    return {k: v for k, v in row.items() if k not in ("key", "seq", "run")}
+
+
+class _WriteRecords:
+    """A write's records counted once across its attempts on this host, by their digests. A retry logs again what an
+    earlier attempt of its partition logged and never got acknowledged, and a re-run's partition (the same wal.writeId,
+    any partitioning) what an earlier run logged in any partition: such a record matches a copy still pending from
+    an attempt begun before it and is not a new one. Two partitions of one run never hold the same record (equal
+    rows in both are two records). What is still pending after the last attempt is what no attempt got
+    acknowledged. Only pending digests are held, by run and partition."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.pending: dict[str | None, dict[int, Counter[bytes]]] = {}  # run -> partition -> digest -> copies
+        self.in_run: dict[str | None, Counter[bytes]] = {}  # run -> digest -> copies over its partitions
+
+    def add(self, wal: Wal, attempt_key: str, run: str | None, partition: int) -> None:
+        """Count the next attempt, in the order attempts began on the host."""
+        later: Counter[bytes] = Counter()  # this attempt's own unacknowledged copies, pending from now on
+        for seg in wal.segments(attempt_key, payload=False):
+            digests = split(seg.digests) if len(seg.digests) == DIGEST_SIZE * seg.count else None
+            if digests is None:  # proof trimmed: a done attempt, every record acknowledged, none to match by
+                self.records += seg.count
+                continue
+            for digest, acked in zip(digests, seg.acked, strict=True):
+                if not self._take(digest, run, partition):
+                    self.records += 1
+                if not acked:
+                    later[digest] += 1
+        if later:
+            self.pending.setdefault(run, {}).setdefault(partition, Counter()).update(later)
+            self.in_run.setdefault(run, Counter()).update(later)
+
+    def _take(self, digest: bytes, run: str | None, partition: int) -> bool:
+        """Take a pending copy this attempt may have logged again: its own partition's in its run, else any
+        partition's of another run."""
+        own = self.pending.get(run, {}).get(partition)
+        if own is not None and own[digest] > 0:
+            own[digest] -= 1
+            self.in_run[run][digest] -= 1
+            return True
+        for other, copies in self.in_run.items():
+            if other != run and copies[digest] > 0:
+                copies[digest] -= 1
+                held = next(c for c in self.pending[other].values() if c[digest] > 0)
+                held[digest] -= 1
+                return True
+        return False
+
+    @property
+    def unacknowledged(self) -> int:
+        return sum(max(0, n) for copies in self.in_run.values() for n in copies.values())
+
+
+def totals_by_write(rows: Sequence[AttemptRow], wal: Wal | None = None) -> list[dict[str, object]]:
+    """Per write: attempts, partitions, records, records no attempt got acknowledged, payload held, age of the newest
+    attempt. With the ``wal`` the rows were read from, each record counts once however many attempts logged it
+    (:class:`_WriteRecords`); without it, the attempts' counts are added up."""
     by_write: dict[str, list[AttemptRow]] = {}
     for r in rows:
         by_write.setdefault(r["write_id"], []).append(r)
-    return [{"write_id": first["write_id"], "kind": first["kind"], "topic": first["topic"], "attempts": len(rs),
-             "partitions": len({r["partition"] for r in rs}), "states": sorted({r["state"] for r in rs}),
-             "records": sum(r["records"] for r in rs), "unacknowledged": sum(r["unacknowledged"] for r in rs),
-             "bytes": sum(r["bytes"] for r in rs), "age_s": min(r["age_s"] for r in rs)}
-            for rs in by_write.values() for first in rs[:1]]
+    counted: dict[str, _WriteRecords] = {}
+    if wal is not None:
+        # In the order the attempts began (the WAL's sequence; by creation time for attempts logged before it).
+        for r in sorted(rows, key=lambda r: (r["seq"] is not None, r["seq"] or 0, r["created"])):
+            counted.setdefault(r["write_id"], _WriteRecords()).add(wal, r["key"], r["run"], r["partition"])
+    out: list[dict[str, object]] = []
+    for write_id, rs in by_write.items():
+        found = counted.get(write_id)
+        out.append({"write_id": write_id, "kind": rs[0]["kind"], "topic": rs[0]["topic"], "attempts": len(rs),
+                    "partitions": len({r["partition"] for r in rs}), "states": sorted({r["state"] for r in rs}),
+                    "records": found.records if found else sum(r["records"] for r in rs),
+                    "unacknowledged": found.unacknowledged if found else sum(r["unacknowledged"] for r in rs),
+                    "bytes": sum(r["bytes"] for r in rs), "age_s": min(r["age_s"] for r in rs)})
+    return out
 
 
 def _table(rows: Sequence[Mapping[str, object]], columns: list[str]) -> str:
@@ -150,8 +223,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = {
         "list": ("what a WAL holds: per write, or per attempt of one write",
-                 "Per write: attempts, partitions, states, records, records Kafka never acknowledged, bytes, age. "
-                 "With --write-id, one row per attempt of that write."),
+                 "Per write: attempts, partitions, states, records (each once, however many attempts logged it), "
+                 "records no attempt got acknowledged, bytes, age. With --write-id, one row per attempt of that "
+                 "write: what each logged and what was acknowledged to it."),
         "stats": ("what the WAL holds in all: payload bytes, attempts, orphaned entries",
                   "Recounts the WAL by scanning it: payload bytes (against its usage counter), attempts, and "
                   "orphaned entries (never replayed; safe to purge)."),
@@ -217,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows = describe(wal, args.write_id)
             if args.write_id and not rows:
                 raise RecoverableSinkError(f"write {args.write_id} is not in {wal.path}")
-            writes = totals_by_write(rows)
+            writes = totals_by_write(rows, wal)
             if args.json:
-                json.dump({"writes": writes, "attempts": rows}, sys.stdout, indent=1)
+                json.dump({"writes": writes, "attempts": [_public(r) for r in rows]}, sys.stdout, indent=1)
             elif args.write_id:
                 sys.stdout.write(_table(rows, ["partition", "attempt", "state", "records", "unacknowledged",
                                                "bytes", "age_s", "host"]))

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from recoverable_sink._logging import get_logger
 from recoverable_sink.offsets import WrittenOffsets
 from recoverable_sink.producer.arguments import KafkaRecords, to_records
+from recoverable_sink.producer.client_log import ClientLogger, RepeatSummary
 from recoverable_sink.producer.reports import Failure, Reports, Stopped
 
 FailureReport = Callable[[KafkaError | None, Message], None]  # confluent-kafka's on_delivery
@@ -81,11 +81,13 @@ class ConfluentProducer:
 
     kind = "confluent"
 
-    def __init__(self, make_client: Callable[[FailureReport], Client],
-                 client_conf: dict[str, Any] | None = None) -> None:
-        """``make_client(on_delivery)``: the client, made to report its deliveries to ``on_delivery``."""
+    def __init__(self, make_client: Callable[[FailureReport], Client], client_conf: dict[str, Any] | None = None,
+                 logs: RepeatSummary | None = None) -> None:
+        """``make_client(on_delivery)``: the client, made to report its deliveries to ``on_delivery``; ``logs``: where
+        it sends librdkafka's lines, if anywhere."""
         # The client holds a bound method of the inbox, not of this producer: no cycle for the garbage collector.
         self._inbox = _Inbox()
+        self._logs = logs
         self.client = make_client(self._inbox.report)
         self._client_conf = client_conf  # for the consumer that carries a commit marker's group metadata
         self._sent: list[_Sent] = []
@@ -94,11 +96,12 @@ class ConfluentProducer:
     @classmethod
     def open(cls, conf: dict[str, Any], client_conf: dict[str, Any] | None = None) -> ConfluentProducer:
         """confluent-kafka's producer with configuration ``conf``, reporting every delivery (a success gives its
-        record's offset to the write's summary); librdkafka's log lines go to the sink's logger (served by poll), as
-        the native producer's do."""
+        record's offset to the write's summary); librdkafka's log lines go to the sink's logger (served by poll), their
+        repeats summarised, as the native producer's do."""
+        logs = RepeatSummary()
         return cls(lambda on_delivery: Producer({**conf, "delivery.report.only.error": False,
-                                                 "on_delivery": on_delivery, "logger": get_logger("librdkafka")}),
-                   client_conf)
+                                                 "on_delivery": on_delivery, "logger": ClientLogger(logs)}),
+                   client_conf, logs)
 
     def send(self, batch: pa.RecordBatch, topic: str | None, slot: int, rows: list[int] | None) -> int:
         """One ``produce`` call per record, driven from C; a refused record stops the send there."""
@@ -155,10 +158,22 @@ class ConfluentProducer:
         return out
 
     def poll(self, timeout: float = 0) -> int:
-        return self.client.poll(timeout)
+        try:
+            return self.client.poll(timeout)
+        finally:
+            if self._logs is not None:
+                self._logs.due()
 
     def flush(self, timeout: float = -1) -> int:
-        return self.client.flush(timeout)
+        try:
+            return self.client.flush(timeout)
+        finally:
+            if self._logs is not None:
+                self._logs.due()
+
+    def close_logs(self) -> None:
+        if self._logs is not None:
+            self._logs.flush()
 
     def __len__(self) -> int:
         return len(self.client)

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.producer.arguments import producer_columns
+from recoverable_sink.producer.client_log import RepeatSummary
 from recoverable_sink.producer.reports import Failure, Reports, Stopped
 
 if TYPE_CHECKING:  # the extension is optional at run time; its stub types the handle
@@ -83,7 +84,7 @@ class NativeProducer:
     """A librdkafka producer fed from Arrow arrays by the ``_produce`` extension. Failure reports (by the slot and
     index each record's opaque carries) and the written offsets (success reports folded in C) wait in C until
     :meth:`take_reports`; librdkafka's log lines, kept in C meanwhile, go to the ``recoverable_sink.librdkafka``
-    logger after every ``poll``/``flush``."""
+    logger after every ``poll``/``flush``, their repeats summarised (:mod:`~recoverable_sink.producer.client_log`)."""
 
     kind = "native"
 
@@ -94,10 +95,16 @@ class NativeProducer:
         # offsets=True: acknowledged records are reported too, folded in C into each topic-partition's first and
         # last offset (the write's summary says where its records went).
         self._p: _produce.Producer = module.Producer({k: str(v) for k, v in conf.items()}, offsets=True)
+        self._summary = RepeatSummary(_librdkafka_log)
 
     def _logs(self) -> None:
         for level, line in self._p.take_logs():  # kept in C: librdkafka's threads cannot call Python
-            _librdkafka_log.log(_SYSLOG_LEVELS[min(max(level, 0), 7)], line)
+            self._summary.log(_SYSLOG_LEVELS[min(max(level, 0), 7)], line)
+        self._summary.due()
+
+    def close_logs(self) -> None:
+        self._logs()
+        self._summary.flush()
 
     def take_reports(self) -> Reports:
         failures = [Failure(opaque >> 32, opaque & 0xFFFFFFFF, KafkaError(code), topic, partition)

@@ -92,6 +92,8 @@ def _close(producer: SinkProducer, flush_s: float, purge: bool = False) -> None:
         producer.flush(flush_s)
     except (KafkaException, RuntimeError, SystemError) as exc:  # SystemError: see fatal_errors()
         log.debug("closing a producer: %s", exc)
+    finally:
+        producer.close_logs()  # the counts of its repeated librdkafka lines, before it goes
 
 
 producers = ProducerPool()

@@ -40,6 +40,11 @@ class SinkProducer(Protocol):
 
     def purge(self) -> None: ...
 
+    def close_logs(self) -> None:
+        """Say the repeats of librdkafka's log lines not said yet (a count per kind): before the producer is
+        dropped."""
+        ...
+
     def connect(self, timeout_s: float, topic: str | None = None) -> str | None:
         """Wait until a broker answers a metadata request (about ``topic`` where given): None, or why not.
 

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="repartition(N, id %% 97) before the sink: a retried task reads its rows in another order")
     p.add_argument("--fail-at", type=int, default=None, metavar="ROW",
                    help="an upstream error at that row, in every attempt of its partition: the write fails")
+    p.add_argument("--pace-ms", type=int, default=0,
+                   help="a JVM-side pause of this many ms every 2,000 rows upstream of the sink, in every attempt: "
+                        "its input arrives as a slow source's would")
     p.add_argument("--delay", action="append", default=[], metavar="PARTITION=SECONDS[@ROW]",
                    help="an upstream Python UDF holds back the partition's first row (or its ROW-th) that long, in "
                         "its first attempt")
@@ -61,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     df = spark.range(args.rows, numPartitions=args.partitions).select(
         F.concat(F.lit(f"{args.prefix}-"), F.col("id").cast("string")).alias("key"),
         F.concat(F.lit("payload-"), F.col("id").cast("string")).alias("value"))
+    if args.pace_ms:
+        # reflect() gives "null" for a void method: left(..., 0) keeps the value as it was.
+        df = df.withColumn("value", F.concat("value", F.coalesce(F.expr(
+            f"CASE WHEN CAST(split(key, '-')[1] AS BIGINT) % 2000 = 0 THEN "
+            f"left(reflect('java.lang.Thread', 'sleep', CAST({args.pace_ms} AS BIGINT)), 0) END"), F.lit(""))))
     if args.delay:
         delays = {}
         for item in args.delay:

@@ -1,5 +1,6 @@
 """Shared fixtures: one real Kafka broker and one SparkSession per test session; a 3-broker cluster only for
-the tests that ask for it. Brokers' data and logs live under build/test-kafka/, wiped when a fixture starts."""
+the tests that ask for it. Brokers' data and logs live under build/test-kafka/, wiped when a fixture starts; a
+cluster that fails to start is stopped and started afresh once (testing.kafka_local.start_cluster)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from testing.kafka_local import REPO, KafkaCluster
+from testing.kafka_local import REPO, KafkaCluster, start_cluster
 from testing.schema_registry import SchemaRegistry
 from testing.spark import QUICK_START_ENV, local_spark
 
@@ -37,9 +38,8 @@ def _cluster(name: str, brokers: int) -> Iterator[KafkaCluster]:
     if root.exists():  # a previous run that died may have left its brokers running: stop them by pid file
         KafkaCluster(root, brokers).wipe()
     shutil.rmtree(root, ignore_errors=True)
-    cluster = KafkaCluster(root, brokers)
+    cluster = start_cluster(lambda: KafkaCluster(root, brokers))
     try:
-        cluster.start()
         yield cluster
     finally:
         cluster.stop(timeout_s=20)
@@ -59,15 +59,14 @@ def kafka3() -> Iterator[KafkaCluster]:
 
 @pytest.fixture(scope="session")
 def kafka_defaults() -> Iterator[KafkaCluster]:
-    """A broker that auto-creates topics (Apache Kafka's default, which the session broker turns off so that a
-    misspelt topic fails), started only when a test asks for it."""
+    """A broker with Apache Kafka's default settings, as `make kafka-up` starts one: it auto-creates topics, which
+    the session broker does not (so that a misspelt topic fails there); started only when a test asks for it."""
     root = TEST_KAFKA / "defaults"
     if root.exists():
         KafkaCluster(root, 1).wipe()
     shutil.rmtree(root, ignore_errors=True)
-    cluster = KafkaCluster(root, 1, broker_props={"auto.create.topics.enable": "true"})
+    cluster = start_cluster(lambda: KafkaCluster(root, 1, kafka_defaults=True))
     try:
-        cluster.start()
         yield cluster
     finally:
         cluster.stop(timeout_s=20)

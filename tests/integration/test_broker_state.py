@@ -23,7 +23,7 @@ from recoverable_sink.wal import DONE, open_wal
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import kill_group, python_subprocess
 from testing.kafka_check import consumer_groups
-from testing.kafka_local import KafkaCluster
+from testing.kafka_local import KafkaCluster, start_cluster
 from testing.spark import sink_writer, tasks_running
 from testing.task_options import task_options
 from testing.waiting import wait_until
@@ -35,8 +35,8 @@ FAST = {"offsets.retention.minutes": "1", "offsets.retention.check.interval.ms":
 
 @pytest.fixture(scope="module")
 def fast_broker(tmp_path_factory):
-    cluster = KafkaCluster(tmp_path_factory.mktemp("fast-expiry"), 1, broker_props=FAST)
-    cluster.start()
+    root = tmp_path_factory.mktemp("fast-expiry")
+    cluster = start_cluster(lambda: KafkaCluster(root, 1, broker_props=FAST))
     yield cluster
     cluster.stop(timeout_s=20)
 

@@ -157,3 +157,60 @@ def test_a_missing_dead_letter_topic_is_created_where_brokers_auto_create_and_re
         else:
             write.save()
             assert dead in AdminClient({"bootstrap.servers": cluster.bootstrap_servers}).list_topics(timeout=10).topics
+
+
+@MODES
+def test_a_topic_column_s_records_too_large_for_their_topic_and_null_topics_are_dead_letters_counted_in_the_summary(
+        spark, kafka, new_topic, tmp_path, mode):
+    """Issue 63, item 1: with a topic column, a record too large for the topic its row names (not the topic
+    option's, there is none) is a dead letter as a null topic is, in both modes, and the summary counts both."""
+    small, large, dead = new_topic(2, **{"max.message.bytes": "2000"}), new_topic(2), new_topic()
+    df = spark.range(4000, numPartitions=4).select(
+        F.col("id").cast("string").alias("key"),
+        F.when(F.col("id") % 100 == 3, F.repeat(F.lit("x"), 3000)).otherwise(F.col("id").cast("string"))
+        .alias("value"),
+        F.when(F.col("id") % 100 == 7, F.lit(None)).when(F.col("id") % 2 == 0, F.lit(large))
+        .otherwise(F.lit(small)).alias("topic"))
+    sink_writer(df, kafka.bootstrap_servers, None, tmp_path / "wal",
+                **{"delivery.guarantee": mode, "errors.tolerance": "all", "errors.deadletterqueue.topic.name": dead,
+                   "summary.path": str(tmp_path / "s.jsonl"),
+                   "transactional.id.prefix": f"dlq-{uuid.uuid4().hex[:8]}-"}).save()
+    too_large = [str(i) for i in range(4000) if i % 100 == 3 and i % 2 == 1]  # 3 KB rows of the small topic
+    null = [str(i) for i in range(4000) if i % 100 == 7]
+    assert verdict(too_large + null, ids_in_topic(kafka.bootstrap_servers, dead, expected=80)) == (0, 0, 0)
+    assert _summary(tmp_path / "s.jsonl")["dead_lettered"] == {"NullTopic": 40, "RecordTooLarge": 40}
+
+
+@MODES
+def test_a_failed_write_s_summary_counts_what_its_finished_partitions_delivered_and_dead_lettered(
+        spark, kafka, new_topic, tmp_path, mode):
+    """Issue 63, item 1, the driver's side: a write with a topic column whose last partition fails for good (a null
+    topic's record too large for the dead-letter topic as well), after the other partitions finished with null-topic
+    dead letters. The abort's summary counts what those delivered and dead-lettered, and says where the rest is."""
+    import time
+
+    topic, dead = new_topic(2), new_topic(1, **{"max.message.bytes": "2000"})
+    bad = 3999  # the last row of partition 3, reached 3 s into each of its attempts: the others finish first
+
+    def late(i: int) -> str:
+        if i == bad:
+            time.sleep(3)
+        return str(i)
+
+    df = spark.range(4000, numPartitions=4).select(
+        F.col("id").cast("string").alias("key"),
+        F.concat(F.udf(late, "string")("id"), F.when(F.col("id") == bad, F.repeat(F.lit("x"), 3000))
+                 .otherwise(F.lit(""))).alias("value"),
+        F.when((F.col("id") % 100 == 7) & (F.col("id") < 3000), F.lit(None)).when(F.col("id") == bad, F.lit(None))
+        .otherwise(F.lit(topic)).alias("topic"))
+    with pytest.raises(Exception, match="the dead-letter topic .* would refuse it too"):
+        sink_writer(df, kafka.bootstrap_servers, None, tmp_path / "wal",
+                    **{"delivery.guarantee": mode, "errors.tolerance": "all",
+                       "errors.deadletterqueue.topic.name": dead, "summary.path": str(tmp_path / "s.jsonl"),
+                       "transactional.id.prefix": f"dlq-{uuid.uuid4().hex[:8]}-"}).save()
+    summary = _summary(tmp_path / "s.jsonl")
+    assert (summary["event"], summary["finished"], summary["unfinished"]) == ("abort", [0, 1, 2], [3]), summary
+    assert (summary["received"], summary["acknowledged"]) == (3000, 3000)
+    assert (summary["dead_lettered"], summary["dead_letter_topic"]) == ({"NullTopic": 30}, dead)
+    assert verdict([str(i) for i in range(3000) if i % 100 == 7],
+                   ids_in_topic(kafka.bootstrap_servers, dead, expected=30)) == (0, 0, 0)

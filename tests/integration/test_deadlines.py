@@ -22,6 +22,7 @@ from recoverable_sink.executor.partition_writer import final_wait_s
 from recoverable_sink.executor.task import open_writer
 from recoverable_sink.producer.transactions import transactional_id
 from testing.chaos.checker import ids_in_topic, verdict
+from testing.kafka_local import start_cluster
 from testing.kafka_proxy import GatedCluster, Silencer, silenced_nodes
 from testing.task_options import task_options
 from testing.waiting import wait_until
@@ -31,8 +32,8 @@ DELIVERY_MS = 6000  # the calls' own limits in these tests: a commit's deadline 
 
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory):
-    cluster = GatedCluster(tmp_path_factory.mktemp("gated"), 3)
-    cluster.start()
+    root = tmp_path_factory.mktemp("gated")
+    cluster = start_cluster(lambda: GatedCluster(root, 3))
     yield cluster
     cluster.stop(timeout_s=20)
 

@@ -1,7 +1,7 @@
 """A write to a topic that does not exist behaves as Spark's format("kafka") on the same brokers: created with the
 brokers' defaults where they auto-create topics, in both delivery modes and for a topic column; refused on the driver,
 naming the topic, where they do not, or where topic.mustExist=true asks for the strict check; a stream's writers
-reuse the driver's answers for a while."""
+reuse the driver's answers for a while; the topic.creation.default.* options make the topics the sink creates."""
 
 from __future__ import annotations
 
@@ -98,3 +98,46 @@ def test_a_streams_writers_reuse_the_drivers_checks_within_their_window_and_a_ba
     monkeypatch.setattr(source.RecentChecks, "REUSE_S", 0.0)
     with pytest.raises(OptionError, match=topic):
         ds.streamWriter(schema, False)
+
+
+def _configs(cluster, topic) -> dict[str, str]:
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+    return {k: v.value for k, v in admin.describe_configs([resource])[resource].result(timeout=30).items()}
+
+
+CREATION = {"topic.creation.default.partitions": "3", "topic.creation.default.replication.factor": "1",
+            "topic.creation.default.retention.ms": "3600000", "topic.creation.default.max.message.bytes": "2000000"}
+
+
+def test_the_topic_creation_options_make_the_topic_option_s_topic_a_topic_column_s_and_the_dead_letter_topic(
+        spark, kafka_defaults, tmp_path):
+    """Kafka Connect's topic.creation.default.* options: partitions, replication factor and any topic config, for
+    every topic the sink creates (on the driver for the topic option and the dead-letter topic, in the tasks for a
+    topic column's)."""
+    named, column, dead = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("named", "column", "dead"))
+    sink_writer(_frame(spark), kafka_defaults.bootstrap_servers, named, tmp_path / "wal1",
+                **{**CREATION, "errors.tolerance": "all", "errors.deadletterqueue.topic.name": dead}).save()
+    sink_writer(_frame(spark, column), kafka_defaults.bootstrap_servers, None, tmp_path / "wal2", **CREATION).save()
+    for topic in (named, column, dead):
+        assert _partitions(kafka_defaults, topic) == 3, topic
+        configs = _configs(kafka_defaults, topic)
+        assert (configs["retention.ms"], configs["max.message.bytes"]) == ("3600000", "2000000"), topic
+    for topic in (named, column):
+        assert verdict((str(i) for i in range(ROWS)), ids_in_topic(kafka_defaults.bootstrap_servers, topic,
+                                                                   expected=ROWS)) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("option", "value"), [("topic.creation.default.retention.msec", "1000"),
+                                               ("topic.creation.default.replication.factor", "3")])
+def test_topic_creation_options_the_brokers_refuse_fail_on_the_driver_naming_the_option(
+        spark, kafka_defaults, tmp_path, option, value):
+    """A misspelt topic config, or a replication factor the one broker cannot give, fails before any task runs and
+    before any topic is made, even for a topic column's topics (which only the tasks would create)."""
+    column = f"never-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match=f"option {option}: the brokers would refuse to create a topic"):
+        sink_writer(_frame(spark, column), kafka_defaults.bootstrap_servers, None, tmp_path / "wal",
+                    **{option: value}).save()
+    assert column not in _topics(kafka_defaults)

@@ -2,8 +2,9 @@
 through the pyspark_recoverable_kafka module), from the --py-files zip (pure Python: record digests by hashlib,
 confluent-kafka's produce()) and from the x86_64 manylinux abi3 wheel installed, with no compiler, in a fresh
 virtualenv of another Python outside the repository (with the C digest and produce extensions) that already holds
-pyspark 4.3, which the install keeps; the same install keeps a pyspark 4.0; the aarch64 wheel is checked by
-auditwheel, and the sdist built by the host's C compiler."""
+pyspark 4.3, which the install keeps, and which runs the README's Quickstart as pasted against the broker
+`make kafka-up` starts; the same install keeps a pyspark 4.0; the aarch64 wheel is checked by auditwheel, and the
+sdist built by the host's C compiler."""
 
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from testing.kafka_check import read_topic
-from testing.kafka_local import REPO
+from testing.kafka_local import REPO, free_port
 from tools.dist import ARCHES, NATIVE, Wheel, audit, build_pyfiles_zip, build_sdist, build_wheel, ensure_tools
 from tools.matrix import interpreter
 
@@ -132,7 +133,24 @@ def readme_quickstart(bootstrap: str, checkpoint: Path) -> str:
     return code.replace("127.0.0.1:9092", bootstrap).replace("/tmp/events-checkpoint", str(checkpoint))
 
 
-def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(dist, kafka, kafka_defaults, new_topic,
+@pytest.fixture
+def kafka_up(tmp_path: Path) -> Iterator[str]:
+    """The broker the README tells a user to start: `make kafka-up`, on a free port chosen as the README says
+    (KAFKA_PORT), its data in a directory of the test's own; `make kafka-down` afterwards."""
+    env = {**os.environ, "KAFKA_PORT": str(free_port()), "KAFKA_LOCAL_DIR": str(tmp_path / "kafka-up")}
+    up = subprocess.run(["make", "-C", str(REPO), "kafka-up"], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-3000:]
+        said = up.stdout + up.stderr
+        bootstrap = f"127.0.0.1:{env['KAFKA_PORT']}"
+        # It says which broker it started and how to choose another port.
+        assert f"Kafka up on {bootstrap} with Apache Kafka's default settings" in said and "KAFKA_PORT=" in said, said
+        yield bootstrap
+    finally:
+        subprocess.run(["make", "-C", str(REPO), "kafka-down"], env=env, capture_output=True, timeout=120)
+
+
+def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(dist, kafka, kafka_up, new_topic,
                                                                                tmp_path):
     """pip install of the x86_64 manylinux abi3 wheel alone, into another Python than the one that built it, that
     already holds pyspark 4.3, keeps that pyspark (the sink caps none of its dependencies) and is enough:
@@ -161,9 +179,8 @@ def test_the_wheel_in_a_fresh_virtualenv_outside_the_repo_registers_the_format(d
                          capture_output=True, text=True, timeout=60, env=env)
     assert cli.returncode == 0, cli.stderr
     # The README's Quickstart, as pasted, by that Python outside the repository (no PYSPARK_* set: it sets its own),
-    # on a broker with default settings, where its topic does not exist yet.
-    (tmp_path / "quickstart.py").write_text(readme_quickstart(kafka_defaults.bootstrap_servers,
-                                                              tmp_path / "checkpoint"))
+    # on the broker `make kafka-up` starts (Kafka's default settings), where its topic does not exist yet.
+    (tmp_path / "quickstart.py").write_text(readme_quickstart(kafka_up, tmp_path / "checkpoint"))
     pasted = subprocess.run([str(venv / "bin/python"), "quickstart.py"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=600, env={k: v for k, v in env.items() if not k.startswith("PYSPARK_")})
     assert pasted.returncode == 0, pasted.stderr[-4000:]

@@ -20,7 +20,7 @@ from recoverable_sink.executor.task import open_writer
 from recoverable_sink.wal import DONE, open_wal
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.kafka_check import count_topic
-from testing.kafka_local import KafkaCluster
+from testing.kafka_local import KafkaCluster, start_cluster
 from testing.spark import sink_writer, tasks_running
 from testing.task_options import task_options
 from testing.waiting import wait_until
@@ -191,8 +191,8 @@ def test_a_stale_attempt_of_an_earlier_run_sends_nothing_once_a_newer_run_wrote(
 @pytest.fixture(scope="module")
 def kafka_a(tmp_path_factory):
     """A second, single-broker cluster: the one a write was meant for."""
-    cluster = KafkaCluster(tmp_path_factory.mktemp("cluster-a"), 1)
-    cluster.start()
+    root = tmp_path_factory.mktemp("cluster-a")
+    cluster = start_cluster(lambda: KafkaCluster(root, 1))
     yield cluster
     cluster.stop(timeout_s=20)
 

@@ -189,3 +189,57 @@ def test_the_proof_options_name_the_topic_its_settings_and_what_happens_when_the
         parse_options({**BASE, "proof.failOnExpired": "sometimes"})
     with pytest.raises(OptionError, match="apply only to the proof topic"):
         parse_options({**BASE, "proof.kafka": "false", "proof.topic": "x"})
+
+
+@pytest.mark.parametrize(("given", "near"), [
+    ("delivery.guarentee", "delivery.guarantee"),
+    ("Topic.MustExists", "topic.mustExist"),
+    ("wal.maxbyte", "wal.maxBytes"),
+    ("bootstrap.servers", "kafka.bootstrap.servers"),  # a producer setting without its prefix
+    ("value.schema.registry.uri", "value.schema.registry.url"),
+])
+def test_an_unknown_option_is_named_as_given_with_the_nearest_known_one(given, near):
+    with pytest.raises(OptionError) as refused:
+        parse_options({**BASE, given: "x"})
+    message = str(refused.value)
+    assert message.startswith(f"unknown option {given}: did you mean {near}?"), message
+    assert "wal.proofGraceSeconds" not in message  # not the whole list of options
+
+
+def test_an_unknown_option_near_nothing_says_so():
+    with pytest.raises(OptionError, match="unknown option colour: no option of the sink is near it"):
+        parse_options({**BASE, "colour": "blue"})
+
+
+def test_a_misspelt_bootstrap_servers_is_named_with_the_right_name():
+    with pytest.raises(OptionError, match=r"option kafka\.bootstrap\.server is not a producer setting: did you mean "
+                                          r"kafka\.bootstrap\.servers\? It is required"):
+        parse_options({"kafka.bootstrap.server": "127.0.0.1:9092", "topic": "t"})
+
+
+def test_topic_creation_options_default_to_the_brokers_and_take_any_topic_config():
+    assert parse_options(BASE).topic_creation.brokers_defaults
+    how = parse_options({**BASE, "topic.creation.default.partitions": "6",
+                         "Topic.Creation.Default.Replication.Factor": "-1",
+                         "topic.creation.default.cleanup.policy": "compact"}).topic_creation
+    assert (how.partitions, how.replication_factor, how.configs) == (6, -1, (("cleanup.policy", "compact"),))
+
+
+@pytest.mark.parametrize(("option", "value"), [("topic.creation.default.partitions", "0"),
+                                               ("topic.creation.default.partitions", "six"),
+                                               ("topic.creation.default.replication.factor", "40000")])
+def test_topic_creation_counts_must_be_whole_and_in_range(option, value):
+    with pytest.raises(OptionError, match=f"option {option}={value!r} must be a whole number from 1 to"):
+        parse_options({**BASE, option: value})
+
+
+def test_topic_creation_options_contradict_topic_must_exist():
+    with pytest.raises(OptionError, match=r"topic\.creation\.default\.partitions say how the sink creates a missing "
+                                          r"topic, and topic\.mustExist=true says it never creates one"):
+        parse_options({**BASE, "topic.creation.default.partitions": "3", "topic.mustExist": "true"})
+
+
+def test_a_misspelt_topic_creation_option_is_named_with_the_right_one():
+    with pytest.raises(OptionError, match=r"unknown option topic\.creation\.defaults\.partitions: did you mean "
+                                          r"topic\.creation\.default\.partitions\?"):
+        parse_options({**BASE, "topic.creation.defaults.partitions": "3"})

@@ -62,3 +62,11 @@ def test_short_lived_clients_connect_to_every_broker_unless_the_user_says_otherw
         "enable.sparse.connections"] == "false"
     mine = parse_options({"kafka.bootstrap.servers": "b:9092", "kafka.enable.sparse.connections": "true"})
     assert short_lived(mine.producer_config())["enable.sparse.connections"] == "true"
+
+
+def test_a_producer_setting_librdkafka_does_not_know_is_named_with_the_nearest_one():
+    options = parse_options({"kafka.bootstrap.servers": f"127.0.0.1:{free_port()}", "topic": "t",
+                             "kafka.linger.msec": "5"})
+    with pytest.raises(OptionError, match=r"^kafka\.linger\.msec is not valid for the producer .*; did you mean "
+                                          r"kafka\.linger\.ms\?$"):
+        check_cluster(options)

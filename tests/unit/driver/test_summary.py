@@ -20,11 +20,14 @@ def test_summary_counts_finished_unfinished_and_retried_partitions():
 def test_abort_line_names_partitions_write_id_and_how_to_finish(caplog):
     logging.getLogger("recoverable_sink").addHandler(caplog.handler)
     try:
-        log_abort("write w", summarize([message(0), None]), "/wal", "w", "re-run it with wal.writeId=w")
+        finished = SinkCommitMessage(write_id="w", partition=0, attempt=0, host="h", wal_path="/wal", received=80,
+                                     acknowledged=80, dead_lettered={"NullTopic": 10}, dead_letter_topic="dlq")
+        log_abort("write w", summarize([finished, None]), "/wal", "w", "re-run it with wal.writeId=w")
     finally:
         logging.getLogger("recoverable_sink").removeHandler(caplog.handler)
     text = caplog.text
-    assert "1 of 2 partitions did not finish ([1])" in text and "finished: [0]" in text
+    assert "1 of 2 partitions did not finish ([1])" in text and "finished: [0], with 80 records, 80 acknowledged by " \
+        "Kafka and 10 sent to the dead-letter topic dlq (NullTopic 10)" in text
     assert "--write-id w" in text and "re-run it with wal.writeId=w" in text
 
 

@@ -67,6 +67,42 @@ def test_list_shows_per_write_totals_and_json_for_scripts(tmp_path, capsys):
     assert len(report["attempts"]) == 3
 
 
+def _attempt(wal, run: str, partition: int, attempt: int, values: list[bytes], acked: set[bytes]) -> None:
+    """An attempt of write w's ``run`` that logged ``values`` (in one segment) and got those in ``acked``
+    acknowledged."""
+    key = wal.begin_attempt("w", partition, attempt, {"kind": "batch", "topic": "t", "run": run})
+    b = pa.RecordBatch.from_pydict({"value": values})
+    wal.append(key, 0, b, record_digests(b, "t", "c"), 1 << 30, {})
+    wal.save_acks(key, {0: bytearray(v in acked for v in values)})
+
+
+def test_list_counts_a_record_once_across_retries_and_shows_what_no_attempt_got_acknowledged(tmp_path, capsys):
+    """The issue's case in small: a retry logs again what the attempt before it logged and never got acknowledged,
+    so adding the attempts up counted those records twice, and their unacknowledged copies as well."""
+    path = str(tmp_path / "wal")
+    wal = open_wal(path)
+    rows = [b"r%03d" % i for i in range(20)]
+    _attempt(wal, "run1", 0, 0, rows, set(rows[:8]))  # 8 acknowledged, 12 not
+    _attempt(wal, "run1", 0, 1, rows[8:], set(rows[8:13]))  # the 12 again: 5 more acknowledged
+    _attempt(wal, "run1", 0, 2, rows[13:], set())  # the last 7 again: none acknowledged
+    # Another partition of the same run holding equal rows: records of their own, none acknowledged.
+    _attempt(wal, "run1", 1, 0, rows[:2], set())
+    # A re-run split otherwise: its partition 1 holds 3 of the 7 and 4 rows of its own, all acknowledged.
+    _attempt(wal, "run2", 1, 0, rows[13:16] + [b"new0", b"new1", b"new2", b"new3"],
+             {*rows[13:16], b"new0", b"new1", b"new2", b"new3"})
+    assert main(["list", "--path", path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (write,) = report["writes"]
+    assert (write["records"], write["unacknowledged"], write["attempts"]) == (26, 6, 5)
+    # The attempts' own rows still say what each logged.
+    assert sorted((a["partition"], a["attempt"], a["records"], a["unacknowledged"]) for a in report["attempts"]) == \
+        [(0, 0, 20, 12), (0, 1, 12, 7), (0, 2, 7, 7), (1, 0, 2, 2), (1, 0, 7, 0)]
+    assert main(["list", "--path", path]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    columns = dict(zip(header.split(), line.split(), strict=False))
+    assert (columns["records"], columns["unacknowledged"]) == ("26", "6")
+
+
 def test_replay_progress_is_a_bar_on_a_terminal_and_lines_otherwise(caplog):
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -61,3 +61,20 @@ def test_confluent_kafkas_log_lines_go_to_the_sink_logger(lines: _Lines, capfd: 
     record = _failed_connection(lines, producer.poll)
     assert record.levelno == logging.ERROR
     assert not re.search(r"^%\d\|", capfd.readouterr().err, re.M)
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(NativeProducer, id="native", marks=pytest.mark.skipif(native_producer.native_module() is None,
+                                                                       reason="the _produce extension is not built")),
+    pytest.param(ConfluentProducer.open, id="confluent")])
+def test_a_broker_that_refuses_every_connection_gives_a_line_of_each_kind_then_a_count(lines: _Lines, make) -> None:
+    """librdkafka retries every 50 ms here; its repeats are counted, and the count said when the producer closes."""
+    producer = make({**NOBODY, "reconnect.backoff.max.ms": "50"})
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        producer.poll(0.1)
+    shown = [r.getMessage() for r in lines.records]
+    assert 1 <= sum("127.0.0.1:1" in m for m in shown) <= 3, shown
+    producer.close_logs()
+    counts = [m for m in (r.getMessage() for r in lines.records) if "more like it in the last" in m]
+    assert counts and int(counts[0].split("librdkafka logged ")[1].split()[0]) >= 1, counts
