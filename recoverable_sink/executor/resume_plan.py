@@ -307,8 +307,6 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
         here = {p.name: p for p in priors if p.partition == t.partition}
         holders = [here[n] for n in m.attempts or () if n in here]
         if not _proves(holders, m) or gone:
-            if e.proof_expired and not e.fail_on_expired:
-                return Send(claim=claim, unproven=unproven, overdue=overdue)  # proof.failOnExpired=false: repeats
             return SkipIfCommitted(m, "neither this host's WAL nor the proof topic holds the digests of what the "
                                       "partition's committed transactions hold")
         ours = {d.prior.name for d in claim}
@@ -322,8 +320,6 @@ def _exactly_once(e: Evidence, priors: list[Prior], others: list[Prior], overdue
     by_name = {p.name: p for p in [*committed, *own_done]}
     holders = [by_name[n] for n in m.attempts or () if n in by_name]
     if not _proves(holders, m) or gone or any(not p.proven for p in own_done):
-        if e.proof_expired and not e.fail_on_expired:
-            return Send(claim=claim, unproven=unproven, overdue=overdue)  # proof.failOnExpired=false: repeats
         return SkipIfCommitted(m, f"run {m.run} committed this partition and neither this host's WAL nor the proof "
                                   "topic holds its digests")
     extra = [p for p in own_done if p.name not in set(m.attempts or ())]
@@ -387,8 +383,8 @@ def judge_skipped(task: TaskAttempt, marker: Marker, fingerprint: Fingerprint, r
     fp = marker.fingerprint.encode() if marker.fingerprint else "not recorded"
     kafka = ("the proof topic's retention deleted theirs (proof.retentionHours)" if expired else
              "the proof topic holds none of their digests")
-    anyway = (". Or, to send it anyway (records whose proof was deleted may be repeated), re-run with "
-              "proof.failOnExpired=false") if expired else ""
+    anyway = (". Or, to send the whole write again (repeating what it delivered), write it under a new "
+              "wal.writeId") if expired else ""
     return Refuse(
         f"{task.where}: earlier transactions committed {marker.records} records of this partition (fingerprint "
         f"{fp}), but the partition now holds {received} (fingerprint {fingerprint.encode()}): {cause}, {here}, and "

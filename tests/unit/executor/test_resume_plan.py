@@ -140,8 +140,8 @@ def test_proof_the_retention_deleted_refuses_an_exactly_once_send_unless_told_an
 
 
 def test_a_partition_a_marker_names_is_still_skipped_by_fingerprint_when_the_retention_deleted_proof():
-    """Skipping a partition whose input is the one committed is exact without any digests: no refusal; a different
-    input is refused naming the retention, and with proof.failOnExpired=false the partition is sent instead."""
+    """Skipping a partition whose input is the one committed is exact without any digests, so it stays the plan with
+    proof.failOnExpired=false too; a different input is refused naming the retention and a recovery."""
     marker = Marker(write_id="w", partition=0, topic="t", records=4, attempts=("gone",), run="run-1")
     expired = rp.Evidence(_task(0, "run-2", seq=1, exactly_once=True), own_marker=marker, proof_topic="p",
                           proof_expired=True)
@@ -149,5 +149,5 @@ def test_a_partition_a_marker_names_is_still_skipped_by_fingerprint_when_the_ret
     assert isinstance(found, rp.SkipIfCommitted)
     refusal = rp.judge_skipped(expired.task, marker, Fingerprint(), 3, "/w", expired=True)
     assert refusal is not None and "retention deleted" in refusal.reason
-    assert "proof.failOnExpired=false" in refusal.message
-    assert isinstance(rp.plan(replace(expired, fail_on_expired=False)), rp.Send)
+    assert "new wal.writeId" in refusal.message
+    assert isinstance(rp.plan(replace(expired, fail_on_expired=False)), rp.SkipIfCommitted)
