@@ -18,7 +18,8 @@ Every run writes to a fresh topic whose record count is checked, then deleted. T
 the Python worker's peak memory writing one partition of 1x and 4x the usual partition size, and the fixed cost of
 a write (bench.fixed_cost: a session's first write, a small write, a small micro-batch), and rate-limited
 writes against the time their limits imply (bench.rate), and Schema Registry framing against plain Avro bytes
-(bench.registry), and the dead-letter option with nothing refused against none (bench.dead_letters), and the
+(bench.registry), and the dead-letter option with nothing refused against none (bench.dead_letters), and what
+the proof topic costs: CPU with and without it, its bytes per record, a re-run's read (bench.proof_cost), and the
 benchmark-only produce path of our own against librdkafka (bench.own_produce), and a stream's latency to a
 read_committed reader and its micro-batch time beside Spark's sink (bench.stream_latency).
 
@@ -342,6 +343,7 @@ def main() -> int:
 
             registry = schema_registry.measure(b)
         dead: dict[str, Any] = {}
+        proof: dict[str, Any] = {}
         own: dict[str, Any] = {}
         latency: dict[str, Any] = {}
         if not ONLY:
@@ -349,6 +351,9 @@ def main() -> int:
             from testing.kafka_check import count_records
 
             dead = dead_letters.measure(b)
+            from bench import proof_cost
+
+            proof = proof_cost.measure(b)
             from bench import stream_latency
 
             latency = stream_latency.measure(b.spark, b.bootstrap, lambda: b.fresh_topic("latency", 4))
@@ -374,7 +379,7 @@ def main() -> int:
                     "sink that only counts its Arrow batches (bench.floor).",
             "results": results, "ratios": ratios, "worker_peak_rss": rss, "retry_cost": retry,
             "memory_by_partition_size": memory, "fixed_cost": fixed, "rate_limit": rate,
-            "schema_registry": registry, "dead_letters": dead, "own_produce_prototype": own,
+            "schema_registry": registry, "dead_letters": dead, "proof_cost": proof, "own_produce_prototype": own,
             "stream_latency": latency,
             "errors": sorted(set(b.errors)), "ok": not b.errors,
             "wall_minutes": round((time.monotonic() - started) / 60, 1),

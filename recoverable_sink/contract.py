@@ -97,6 +97,10 @@ class SinkCommitMessage(WriterCommitMessage):
     proof_partition: int = 0
     proof_low: int | None = None
     proof_chunks: tuple[tuple[str, str, bool, int], ...] = ()
+    # What reading the write's proof from the proof topic cost this attempt: records, bytes, seconds.
+    proof_read_records: int = 0
+    proof_read_bytes: int = 0
+    proof_read_seconds: float = 0.0
 
 
 def stream_write_id(query_id: str, batch_id: int) -> str:

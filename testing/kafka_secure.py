@@ -33,6 +33,8 @@ USERS = {
     "carol": ("SCRAM-SHA-512", "carol-Scram-pw-3"),
     "bob": ("PLAIN", "bob-Plain-pw-2"),
     "dave": ("PLAIN", "dave-Plain-pw-4"),
+    "erin": ("PLAIN", "erin-Plain-pw-5"),
+    "frank": ("PLAIN", "frank-Plain-pw-6"),
 }
 
 

@@ -74,7 +74,8 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
     def _release_proof(self, messages: list[WriterCommitMessage | None]) -> None:
         """A write under a generated id is never re-run, so once it is committed its proof of delivery is of no
         use: drop it where the driver can reach it (the WAL paths the tasks on this host reported: local and
-        local-cluster masters); executors on other hosts drop it after wal.retentionHours."""
+        local-cluster masters); on other hosts the next task drops it if the proof topic holds it (else
+        wal.proofMaxBytes bounds it)."""
         if not self.options.wal_enabled:
             return
         here = socket.gethostname()

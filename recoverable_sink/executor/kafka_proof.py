@@ -9,6 +9,7 @@ writes that (a first micro-batch's tasks may race; each writes a start below any
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,6 +73,7 @@ class KafkaProofLog:
         self._start = start
         self._view: ProofView | None = None
         self.read_from: int | None = None  # where this attempt began to read (a stream's start)
+        self.read_seconds = 0.0
 
     # ---- reading ---------------------------------------------------------------------------------------------
     def view(self) -> ProofView:
@@ -89,7 +91,10 @@ class KafkaProofLog:
             return view
         starts = dict(start.starts) if start is not None else self._stream_starts()
         self.read_from = min(starts.values(), default=None)
-        return read_view(self.io, view, starts, lambda scope, p: transactional_id(self.options, scope, p))
+        began = time.monotonic()  # measured only (the commit message reports the read's cost)
+        read = read_view(self.io, view, starts, lambda scope, p: transactional_id(self.options, scope, p))
+        self.read_seconds = time.monotonic() - began
+        return read
 
     def _stream_starts(self) -> dict[int, int]:
         """A stream's: its query's directory entry, or this partition's end now, written as the entry where there is
@@ -169,6 +174,10 @@ class KafkaProofLog:
 
     def low(self) -> int | None:
         return self._view.low if self._view is not None else None
+
+    def read_cost(self) -> tuple[int, int, float]:
+        view = self._view
+        return (view.records_read, view.bytes_read, self.read_seconds) if view is not None else (0, 0, 0.0)
 
     def chunks_known(self, partition: int) -> list[tuple[str, str, bool, int]]:
         if self._view is None:

@@ -561,6 +561,10 @@ class PartitionWriter:
             self.log.save_acks(self._dirty(), sync)
             if not (self.ledger.outstanding or self.ledger.proof_outstanding) or self.clock.monotonic() >= deadline:
                 return
+            if self.ledger.failed and not self.ledger.outstanding:
+                # A record failed for good (brokers gone, as a rule): the attempt fails, and its last proof chunk
+                # would only wait out the delivery timeout once more. A retry repeats what that chunk held.
+                return
 
     # ---- the end ----------------------------------------------------------------------------------------
     def commit(self) -> SinkCommitMessage:
@@ -599,6 +603,11 @@ class PartitionWriter:
         return self.message
 
     def _commit_written(self) -> SinkCommitMessage:
+        if self.ledger.failed:
+            # Every batch reached the WAL (logged: replay may send it), but librdkafka gave a record up: hand over
+            # nothing more, since each further drain could wait out the delivery timeout again.
+            self.log.mark_logged(self._dirty())
+            raise self._undelivered()
         self._produce_pending()
         self.log.mark_logged(self._dirty())
         self._release_older()
@@ -678,6 +687,7 @@ class PartitionWriter:
         name = attempt_name(self.log.key) if self.log.key is not None else self._anonymous_name
         chunks = [(name, self.ident.run or "-", self.mode.exactly_once, self._chunks)] if self._chunks else []
         message.proof_chunks = (*chunks, *self.proof.chunks_known(self.ident.partition))
+        message.proof_read_records, message.proof_read_bytes, message.proof_read_seconds = self.proof.read_cost()
 
     def abort(self) -> None:
         """After a failure: give records already handed over their chance to be acknowledged and persist what

@@ -72,6 +72,10 @@ class ProofTopic(Protocol):
         """The lowest offset of this write's proof read (None: none read)."""
         ...
 
+    def read_cost(self) -> tuple[int, int, float]:
+        """What reading the write's proof cost: records, bytes, seconds."""
+        ...
+
     def chunks_known(self, partition: int) -> list[tuple[str, str, bool, int]]:
         """The proof chunks of ``partition``'s earlier attempts of this write that were read: (attempt, run,
         exactly_once, chunks)."""
@@ -115,6 +119,9 @@ class NoProofTopic:
 
     def low(self) -> int | None:
         return None
+
+    def read_cost(self) -> tuple[int, int, float]:
+        return (0, 0, 0.0)
 
     def chunks_known(self, partition: int) -> list[tuple[str, str, bool, int]]:
         return []

@@ -13,6 +13,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.options import KafkaProof, SinkOptions, client_config, short_lived
+from recoverable_sink.producer.client_log import ClientLogger, RepeatSummary
 from recoverable_sink.proof.format import DirectoryKey, decode_directory, parse_key
 
 log = get_logger("proof")
@@ -27,10 +28,11 @@ def reader_group(options: SinkOptions) -> str:
 
 
 def _new_consumer(options: SinkOptions, committed: bool) -> Consumer:
-    return Consumer(short_lived({
+    # librdkafka's lines on the sink's logger, repeats summarised (with the brokers down, a line per reconnect).
+    return Consumer({**short_lived({
         **client_config(options), "group.id": reader_group(options), "enable.auto.commit": "false",
         "isolation.level": "read_committed" if committed else "read_uncommitted", "enable.partition.eof": "true",
-        "auto.offset.reset": "earliest", "fetch.wait.max.ms": "10"}))
+        "auto.offset.reset": "earliest", "fetch.wait.max.ms": "10"}), "logger": ClientLogger(RepeatSummary())})
 
 
 _pool: dict[tuple[tuple[tuple[str, str], ...], str, bool], tuple[Consumer, threading.Lock]] = {}
@@ -101,6 +103,10 @@ def read_range(c: Consumer, topic: str, partition: int, start: int, end: int, de
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    # The coordinator lookup librdkafka makes for any consumer's group.id: these readers never use
+                    # the group (assigned partitions, absolute offsets, no commits), so its ACL is not needed.
                     continue
                 raise KafkaException(err)
             offset = m.offset()

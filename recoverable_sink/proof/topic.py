@@ -44,6 +44,7 @@ def ensure_topic(options: SinkOptions, admin: AdminClient, proof: KafkaProof) ->
     timeout_s = options.preflight_timeout_s
     count = _partitions(admin, proof.topic, timeout_s)
     if count is not None:
+        _check_allowed(admin, proof, timeout_s)
         _check_policy(admin, proof, timeout_s)
         return count
     for configs in (topic_configs(proof), {k: topic_configs(proof)[k] for k in _ESSENTIAL}):
@@ -94,8 +95,36 @@ def _partitions(admin: AdminClient, topic: str, timeout_s: float) -> int | None:
         return None
     if found.error is not None:
         raise OptionError(f"the proof topic {topic}'s metadata could not be read ({found.error.str()}): grant this "
-                          "principal DESCRIBE, READ and WRITE on it")
+                          f"principal READ and WRITE on topic {topic} (kafka-acls --add --allow-principal User:<name> "
+                          f"--operation Read --operation Write --topic {topic}), or set proof.kafka=false, which keeps "
+                          "proof of delivery only in the executors' WALs")
     return len(found.partitions)
+
+
+def _check_allowed(admin: AdminClient, proof: KafkaProof, timeout_s: float) -> None:
+    """Under an authorizer, the principal must READ and WRITE the proof topic (KIP-430's authorized operations),
+    asked here rather than learnt from a task that sent its records and then could not prove them."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    try:
+        described = admin.describe_topics(TopicCollection([proof.topic]), include_authorized_operations=True,
+                                          request_timeout=timeout_s)[proof.topic].result(timeout=timeout_s + MARGIN_S)
+    except (KafkaException, ValueError, concurrent.futures.TimeoutError) as exc:
+        log.info("could not read the operations allowed on the proof topic %s (%s); the brokers still enforce them",
+                 proof.topic, exc)
+        return
+    allowed = described.authorized_operations
+    if not allowed or AclOperation.ALL in allowed:
+        return
+    missing = [op.name for op in (AclOperation.READ, AclOperation.WRITE) if op not in allowed]
+    if missing:
+        raise OptionError(
+            f"the brokers do not allow this principal to {' and '.join(missing)} the proof topic {proof.topic} "
+            f"(allowed: {', '.join(sorted(op.name for op in allowed))}); grant it (kafka-acls --add --allow-principal "
+            f"User:<name> {' '.join('--operation ' + m.title() for m in missing)} --topic {proof.topic}), or set "
+            "proof.kafka=false, which keeps proof of delivery only in the executors' WALs (a retry or re-run on "
+            "another host then repeats what was delivered)")
 
 
 def _check_policy(admin: AdminClient, proof: KafkaProof, timeout_s: float) -> None:
@@ -122,7 +151,10 @@ def produce(options: SinkOptions, proof: KafkaProof, records: list[tuple[int, by
 
     conf = short_lived({**options.producer_config(), "linger.ms": "5"})
     conf.pop("transactional.id", None)
-    producer = Producer(conf)
+    from recoverable_sink.producer.client_log import ClientLogger, RepeatSummary
+
+    logs = RepeatSummary()
+    producer = Producer({**conf, "logger": ClientLogger(logs)})
     failed: list[KafkaError] = []
 
     def report(err: KafkaError | None, _msg: object) -> None:
@@ -143,6 +175,7 @@ def produce(options: SinkOptions, proof: KafkaProof, records: list[tuple[int, by
             producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         left = len(producer)
     finally:
+        logs.flush()
         producer.purge()
         producer.flush(0)
     if failed or left:

@@ -85,6 +85,8 @@ class ProofView:
     truncated: bool = False  # retention deleted records where the write's proof was to start
     older: list[tuple[int, bytes]] = field(default_factory=list)  # (partition, key) of earlier micro-batches' proof
     needs_committed: bool = False  # the first pass saw transactional records of other runs below X
+    records_read: int = 0  # what reading it cost: records and bytes (keys and values) over both passes
+    bytes_read: int = 0
 
     def _note(self, offset: int, write_id: str) -> None:
         batch = stream_batch_of(write_id)
@@ -93,8 +95,13 @@ class ProofView:
         if write_id == self.write_id and (self.low is None or offset < self.low):
             self.low = offset
 
+    def _count(self, raw_key: bytes | None, value: bytes | None) -> None:
+        self.records_read += 1
+        self.bytes_read += len(raw_key or b"") + len(value or b"")
+
     def first_pass(self, offset: int, raw_key: bytes | None, value: bytes | None) -> None:
         """A record as ``read_uncommitted`` returns it."""
+        self._count(raw_key, value)
         key = parse_key(raw_key)
         if key is None or key.scope != self.scope:
             return
@@ -135,6 +142,7 @@ class ProofView:
 
     def second_pass(self, offset: int, raw_key: bytes | None, value: bytes | None) -> None:
         """A committed record below X, as ``read_committed`` returns it."""
+        self._count(raw_key, value)
         key = parse_key(raw_key)
         if key is None or key.scope != self.scope or value is None:
             return

@@ -1,7 +1,10 @@
 """The sink on a real secured broker (testing/kafka_secure.py): SASL_SSL with SCRAM-SHA-512 and PLAIN users, a
 CA made with openssl, ACLs under the StandardAuthorizer. The right credentials land every record; a wrong
-password, an unknown CA, missing WRITE or transactional ACLs fail on the driver naming what is missing; a
-refusal only the tasks can see loses nothing. No secret appears in an error."""
+password, an unknown CA, missing WRITE, transactional or proof topic ACLs fail on the driver naming what is missing;
+a refusal only the tasks can see loses nothing. No secret appears in an error.
+
+The proof topic's ACLs: READ and WRITE on it (DESCRIBE follows), CREATE where the sink is to make it; the readers'
+group (``<transactional.id.prefix>proof-reader``) needs none, since they never use it."""
 
 import os
 import uuid
@@ -16,6 +19,8 @@ from testing.kafka_secure import USERS, SecuredKafka
 from testing.spark import sink_writer
 
 WRONG_PASSWORD = "wrong-Password-9f3"
+PROOF = "recoverable-kafka-proof"  # the default proof topic
+PROOF_CONFIG = {"cleanup.policy": "compact,delete", "retention.ms": "604800000"}
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +36,17 @@ def secured(tmp_path_factory, spark) -> Iterator[SecuredKafka]:
         broker.allow("carol", ResourceType.TOPIC, "sec-", AclOperation.DESCRIBE)
         broker.allow("dave", ResourceType.TOPIC, "sec-", *topic)
         broker.allow("dave", ResourceType.TOPIC, "locked-", AclOperation.DESCRIBE)
+        broker.allow("erin", ResourceType.TOPIC, "sec-", *topic)
+        broker.allow("frank", ResourceType.TOPIC, "sec-", *topic)
+        # The proof topic: alice may create her own (a prefix of its name); the default one is made here, as an
+        # administrator would, and the others may read and write it (erin only see it; frank nothing).
+        broker.allow("alice", ResourceType.TOPIC, PROOF, AclOperation.CREATE, AclOperation.READ, AclOperation.WRITE,
+                     AclOperation.DESCRIBE_CONFIGS)
+        for user in ("bob", "dave"):
+            broker.allow(user, ResourceType.TOPIC, PROOF, AclOperation.READ, AclOperation.WRITE)
+        broker.allow("erin", ResourceType.TOPIC, PROOF, AclOperation.DESCRIBE)
+        for future in broker.admin().create_topics([NewTopic(PROOF, 9, 1, config=PROOF_CONFIG)]).values():
+            future.result()
         yield broker
 
 
@@ -118,4 +134,47 @@ def test_a_refusal_only_tasks_see_loses_nothing_and_a_rerun_after_the_grant_deli
     assert read_topic(secured.internal_bootstrap, topic, 5) == []
     secured.allow("dave", ResourceType.TOPIC, topic, AclOperation.WRITE, prefixed=False)
     sink_writer(df, secured.bootstrap_servers, None, tmp_path / "wal", **options).save()
+    assert values(secured, topic, 2000) == everything()
+
+
+def test_a_principal_with_create_on_the_proof_topic_has_the_sink_make_it_and_a_rerun_reads_it(
+        spark, secured, tmp_path):
+    """alice may CREATE topics named from the default proof topic's name: the sink makes hers (proof.topic) on the
+    driver, and a wal.writeId write reads it (the directory) without any ACL on the readers' group."""
+    topic, proof = new_secured_topic(secured), f"{PROOF}-{uuid.uuid4().hex[:6]}"
+    options = {**secured.client_options("alice"), "proof.topic": proof, "wal.writeId": f"w-{uuid.uuid4().hex[:8]}"}
+    write(spark, secured, topic, tmp_path / "wal", options)
+    write(spark, secured, topic, tmp_path / "wal-elsewhere", options)  # a re-run that reads the proof, sends nothing
+    assert values(secured, topic, 2000) == everything()
+    assert proof in secured.admin().list_topics(timeout=30).topics
+
+
+def test_read_and_write_on_the_proof_topic_without_a_group_acl_land_every_record_of_a_rerun_once(
+        spark, secured, tmp_path):
+    """bob has READ and WRITE on the proof topic and no group ACL at all: a wal.writeId write re-run where its WAL is
+    not reads what the first run proved and sends nothing again."""
+    topic = new_secured_topic(secured)
+    options = {**secured.client_options("bob"), "wal.writeId": f"w-{uuid.uuid4().hex[:8]}"}
+    write(spark, secured, topic, tmp_path / "wal", options)
+    write(spark, secured, topic, tmp_path / "wal-elsewhere", options)
+    assert values(secured, topic, 2000) == everything()
+
+
+def test_a_principal_who_may_only_see_the_proof_topic_is_refused_on_the_driver_naming_read_and_write(
+        spark, secured, tmp_path):
+    text = refused_on_the_driver(spark, secured, tmp_path, secured.client_options("erin"),
+                                 r"do not allow this principal to READ and WRITE the proof topic "
+                                 r"recoverable-kafka-proof")
+    assert "--operation Read --operation Write" in text and "proof.kafka=false" in text
+
+
+def test_a_principal_without_any_proof_topic_acl_is_refused_on_the_driver_naming_the_topic(
+        spark, secured, tmp_path):
+    """frank cannot see the proof topic, nor create it: the driver names the ACLs to grant, or proof.kafka=false;
+    with that option his write lands."""
+    text = refused_on_the_driver(spark, secured, tmp_path, secured.client_options("frank"),
+                                 r"proof topic recoverable-kafka-proof")
+    assert "proof.kafka=false" in text
+    topic = new_secured_topic(secured)
+    write(spark, secured, topic, tmp_path / "wal-2", secured.client_options("frank"), **{"proof.kafka": "false"})
     assert values(secured, topic, 2000) == everything()
