@@ -1,7 +1,9 @@
 """The proof topic on the driver: where a write's tasks read its proof, and its release once Spark committed the write.
 
-- A write with a generated id is never re-run: its tasks read from where the proof partition ends as the write starts
-  (only a retry reads at all), and its driver's commit tombstones every proof record its tasks report.
+- A write with a generated id: its tasks read from where the proof partition ends as the write starts (only a retry
+  reads at all). It has a directory entry too, written as it starts, since a failed one is finished by a re-run under
+  that id (its abort says so) that may run where its WAL is not; its driver's commit tombstones the entry and every
+  proof record its tasks report.
 - A ``wal.writeId`` write may be re-run from any host, any day within ``proof.retentionHours``: its directory entry
   (where its live proof starts) is found or made as it starts and written again at its end, so that it outlives the
   write's proof; nothing releases that proof but the topic's retention.
@@ -40,6 +42,8 @@ def start_for(options: SinkOptions, write_id: str, generated: bool, io: ProofIO 
     partition = partition_of(write_id, proof.known_partitions)
     end = found_io.high_watermark(partition)  # read before the directory, as a stream's tasks do
     if generated:
+        # Written before any task runs: the driver of a failed write may die before its abort could write it.
+        _write_entry(found_io, write_id, {partition: end})
         return ProofStart(partition, {partition: end}, fresh=True)
     found = found_io.lookup(write_id)
     starts = dict(found or {})
@@ -65,6 +69,7 @@ def finish_write(options: SinkOptions, write_id: str, start: ProofStart | None, 
         if generated:
             records: list[tuple[int, bytes, bytes | None]] = [
                 (start.partition, key, None) for key in release_keys(write_id, messages)]
+            records.append((0, DirectoryKey(write_id).encode(), None))
             found_io.produce(records, f"the release of write {write_id}")
         else:
             _write_entry(found_io, write_id, dict(start.starts))
@@ -75,10 +80,11 @@ def finish_write(options: SinkOptions, write_id: str, start: ProofStart | None, 
 
 def refresh_entry(options: SinkOptions, write_id: str, start: ProofStart | None, generated: bool,
                   io: ProofIO | None = None) -> None:
-    """At a failed write's abort: a ``wal.writeId`` write's directory entry is written again, to outlive the proof its
-    tasks wrote (a generated id is never re-run: its proof goes with the retention)."""
+    """At a failed write's abort: its directory entry is written again, to outlive the proof its tasks wrote (a
+    generated id's too: the abort tells the user to re-run the write under it)."""
+    del generated  # the same for both: kept for the callers' symmetry with finish_write
     found_io = _io(options, io)
-    if found_io is not None and start is not None and not generated:
+    if found_io is not None and start is not None:
         try:
             _write_entry(found_io, write_id, dict(start.starts))
         except Exception as exc:  # noqa: BLE001 - the abort reports the write's own failure

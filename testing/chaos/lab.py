@@ -207,6 +207,14 @@ def random_fault_setup(lab: Lab, rng: random.Random, n: int, name: str, partitio
     return d, topic, df, ids, rng.uniform(0.1, 0.6) * len(ids)
 
 
+def names_the_brokers_gone(error: str, exactly_once: bool) -> bool:
+    """Whether a write's last error is one the brokers' death may end it with: records not acknowledged; a retry that
+    started while they were down and could not read its write's proof; under exactly_once, a task that could not
+    begin its transaction."""
+    return "did not acknowledge" in error or ("proof topic" in error and "could not be read" in error) or \
+        (exactly_once and "init_transactions" in error)
+
+
 def write_through_broker_death(lab: Lab, d: Path, topic: str, df: Any, target: float, notes: dict[str, object],
                                **options: str) -> tuple[Trial, dict | None]:
     """Write while the broker is SIGKILLed once ``target`` records landed; restart it when the write is over."""

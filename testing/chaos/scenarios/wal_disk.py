@@ -19,7 +19,15 @@ import pyarrow as pa
 from recoverable_sink import wal as wal_module
 from recoverable_sink.identity import record_digests
 from testing.chaos.checker import check, ids_in_topic, rerun_and_count, verdict, wal_ids
-from testing.chaos.lab import Lab, Trial, cli, random_fault_setup, short_error, write_through_broker_death
+from testing.chaos.lab import (
+    Lab,
+    Trial,
+    cli,
+    names_the_brokers_gone,
+    random_fault_setup,
+    short_error,
+    write_through_broker_death,
+)
 from testing.kafka_check import count_topic
 
 # ---- 7. WAL bound ----------------------------------------------------------------------------------------
@@ -38,8 +46,7 @@ def wal_bound(lab: Lab, rng: random.Random, n: int) -> Trial:
         return check(lab, trial, lab.kafka.bootstrap_servers, topic, ids)
     error = trial.errors[-1] if trial.errors else ""
     trial.notes["refused_by_bound"] = f"wal.maxBytes={bound}" in error
-    if "wal.maxBytes" not in error and "did not acknowledge" not in error and \
-            not (lab.exactly_once and "init_transactions" in error):
+    if "wal.maxBytes" not in error and not names_the_brokers_gone(error, lab.exactly_once):
         trial.passed = False
     return rerun_and_count(lab, trial, d, topic, df, ids, wal_ids(d / "wal", acked=False))
 

@@ -131,10 +131,11 @@ class WriterModel(RuleBasedStateMachine):
 
     @initialize(values=st.lists(st.integers(0, 12), min_size=3, max_size=14), stream=st.booleans(),
                 hosts=st.integers(1, 3), column=st.booleans(), dead_letters=st.booleans(), seed=st.integers(0, 2**16),
-                first=st.fixed_dictionaries(RUN))
-    def start(self, values, stream, hosts, column, dead_letters, seed, first) -> None:
+                first=st.fixed_dictionaries(RUN), generated=st.booleans())
+    def start(self, values, stream, hosts, column, dead_letters, seed, first, generated) -> None:
         """The write's input, where its records go and the hosts; every sequence begins with a run, often a faulty
-        one."""
+        one. ``generated``: a batch write's first run has no wal.writeId (its id generated); the later runs re-run it
+        under that id, as its abort says to."""
         self.world.rng.seed(seed)
         self.values = values
         self.stream = stream
@@ -144,8 +145,14 @@ class WriterModel(RuleBasedStateMachine):
             self.world.add_host(f"host-{i}", os.path.join(self.root, f"wal-{i}"))
         self.write_id = "w-model"
         self.query = "q-model"
+        self.generated_pending = generated and not stream
+        self.generated_committed = False
         event(f"sequence: {'stream' if stream else 'batch write'}, {'topic column' if column else 'topic option'}"
-              f"{', dead letters' if dead_letters else ''}, {hosts} host(s)")
+              f"{', dead letters' if dead_letters else ''}, {hosts} host(s)"
+              f"{', first run under a generated id' if self.generated_pending else ''}")
+        if self.generated_pending and not first["faults"]:
+            # A generated id is re-run only once its write failed: the first run fails in one partition.
+            first = {**first, "faults": [(0, 3, "raise", True)]}
         self.run(**first)
 
     # ---- what the input is and where it goes --------------------------------------------------------------------
@@ -185,12 +192,12 @@ class WriterModel(RuleBasedStateMachine):
             out.append(pa.RecordBatch.from_arrays(arrays, names=names))
         return out
 
-    def options(self, mode: str, host, wrong: bool):
+    def options(self, mode: str, host, wrong: bool, generated: bool = False):
         conf = {"kafka.bootstrap.servers": "scripted:9092", "delivery.guarantee": mode, "wal.path": host.wal_path,
                 "transactional.id.prefix": PREFIX, "kafka.delivery.timeout.ms": "200", "wal.retentionHours": "1"}
         if not self.column:
             conf["topic"] = "t"
-        if not self.stream:
+        if not self.stream and not generated:
             conf["wal.writeId"] = self.write_id
         if self.dead_letters:
             conf.update({"errors.tolerance": "all", "errors.deadletterqueue.topic.name": DLQ})
@@ -227,6 +234,9 @@ class WriterModel(RuleBasedStateMachine):
                 w.producer.broker.open_txns.pop(w.producer.txn.txn_id, None)
 
     def one_run(self, partitions, mode, seed, faults, spread, wrong) -> bool:
+        if self.generated_committed:
+            return True  # a committed write under a generated id is done: nothing names it to re-run it
+        generated, self.generated_pending = self.generated_pending, False
         rnd = random.Random(seed)
         broker = self.wrong if wrong else self.broker
         self.runs += 1
@@ -238,8 +248,8 @@ class WriterModel(RuleBasedStateMachine):
         cuts = sorted(rnd.randint(0, len(shuffled)) for _ in range(partitions - 1))
         parts = [shuffled[a:b] for a, b in zip([0, *cuts], [*cuts, len(shuffled)], strict=True)]
         io = ScriptedProofIO(self.world, broker)
-        driver_options = self.options(mode, self.world.hosts[0], wrong)
-        start = None if self.stream else proof_place.start_for(driver_options, self.write_id, False, io)
+        driver_options = self.options(mode, self.world.hosts[0], wrong, generated)
+        start = None if self.stream else proof_place.start_for(driver_options, self.write_id, generated, io)
         messages: list[SinkCommitMessage | None] = []
         complete = True
         fault = {p % partitions: (step, what, every) for p, step, what, every in faults}
@@ -254,7 +264,7 @@ class WriterModel(RuleBasedStateMachine):
                 budget = found[:2] if found is not None and (attempt == 0 or found[2]) else None
                 tid += 1
                 outcome = self.attempt(broker, mode, host, run_id, batch, p, attempt, tid, part_rows, start, budget,
-                                       wrong)
+                                       wrong, generated)
                 if isinstance(outcome, SinkCommitMessage):
                     done = outcome
                     break
@@ -264,9 +274,10 @@ class WriterModel(RuleBasedStateMachine):
             if complete:
                 proof_place.advance_stream(driver_options, messages, io)
         elif complete:
-            proof_place.finish_write(driver_options, self.write_id, start, False, messages, io)
+            proof_place.finish_write(driver_options, self.write_id, start, generated, messages, io)
+            self.generated_committed = generated and not wrong
         else:
-            proof_place.refresh_entry(driver_options, self.write_id, start, False, io)
+            proof_place.refresh_entry(driver_options, self.write_id, start, generated, io)
         if complete and not wrong:
             self.parts_of[batch] = parts
             if batch == len(self.completed_inputs):  # the write's (or micro-batch's) first completion
@@ -280,14 +291,14 @@ class WriterModel(RuleBasedStateMachine):
         return complete
 
     def attempt(self, broker, mode, host, run_id, batch, partition, attempt, tid, rows, start, budget,
-                wrong) -> object:
-        options = self.options(mode, host, wrong)
+                wrong, generated=False) -> object:
+        options = self.options(mode, host, wrong, generated)
         if self.stream:
             ident = TaskIdentity(write_id=stream_write_id(self.query, batch), partition=partition, attempt=attempt,
                                  kind="stream", run=run_id, task_attempt_id=tid, query_id=self.query, batch_id=batch)
         else:
             ident = TaskIdentity(write_id=self.write_id, partition=partition, attempt=attempt, kind="batch",
-                                 run=run_id, task_attempt_id=tid)
+                                 run=run_id, task_attempt_id=tid, generated=generated)
         worker = self.world.worker(host)
         if budget is not None:
             worker.budget, worker.action = budget

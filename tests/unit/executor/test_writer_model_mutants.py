@@ -105,6 +105,32 @@ def _releases_a_live_writes_proof() -> Iterator[None]:
         proof_place.finish_write = real
 
 
+def _generated_id_unlisted() -> Iterator[None]:
+    """A write under a generated id gets no directory entry, at its start nor at its abort: its re-run under that id
+    (what its abort advises) reads no proof, and where the WAL released what the proof topic held, sends committed
+    partitions again."""
+    real, real_refresh = proof_place.start_for, proof_place.refresh_entry
+
+    def not_refreshed(options, write_id, start, generated, io=None):  # type: ignore[no-untyped-def]
+        if not generated:
+            real_refresh(options, write_id, start, generated, io)
+
+    def unlisted(options, write_id, generated, io=None):  # type: ignore[no-untyped-def]
+        if not generated:
+            return real(options, write_id, generated, io)
+        found_io = proof_place._io(options, io)
+        if found_io is None:
+            return None
+        partition = proof_place.partition_of(write_id, options.proof.known_partitions)
+        return proof_place.ProofStart(partition, {partition: found_io.high_watermark(partition)}, fresh=True)
+
+    proof_place.start_for, proof_place.refresh_entry = unlisted, not_refreshed
+    try:
+        yield
+    finally:
+        proof_place.start_for, proof_place.refresh_entry = real, real_refresh
+
+
 # Each mutant, and the invariant it must break (words of the model's violation).
 MUTANTS: dict[str, tuple[Callable[[], Iterator[None]], tuple[str, ...]]] = {
     "refuses-everything": (_refuses_everything, ("liveness",)),
@@ -112,6 +138,7 @@ MUTANTS: dict[str, tuple[Callable[[], Iterator[None]], tuple[str, ...]]] = {
     "ignores-claims": (_ignores_claims, ("lost",)),
     "never-skips-committed": (_never_skips_committed, ("repeated", "more often")),
     "releases-a-live-writes-proof": (_releases_a_live_writes_proof, ("repeated", "more often")),
+    "generated-id-unlisted": (_generated_id_unlisted, ("repeated", "more often", "liveness")),
 }
 
 
