@@ -60,14 +60,15 @@ unit: setup
 # the end, to keep the suite short.
 integration: setup
 	$(PYTHON) -m testing.spark --class-archive
-	$(PYTHON) -m pytest -q --durations=15 tests/integration
+	$(PYTHON) -m pytest -q --durations=15 -m "not campaign" tests/integration
 
 test: typecheck unit integration
 
-# The fault campaign, then the partition writer's long model profile (WRITER_MODEL_EXAMPLES sequences; its seed
+# The suite's tests marked campaign (longer forms of cases it covers), the fault campaign, then the partition writer's long model profile (WRITER_MODEL_EXAMPLES sequences; its seed
 # printed, WRITER_MODEL_SEED replays one; the plans it saw in build/chaos/writer-model.json).
 chaos: setup
 	$(PYTHON) -m testing.spark --class-archive
+	$(PYTHON) -m pytest -q -m campaign tests/integration
 	$(PYTHON) -m testing.chaos.run
 	@seed=$${WRITER_MODEL_SEED:-$$RANDOM$$RANDOM}; echo "writer model: $${WRITER_MODEL_EXAMPLES:-5000} sequences, seed $$seed"; \
 	WRITER_MODEL_SEED=$$seed WRITER_MODEL_EXAMPLES=$${WRITER_MODEL_EXAMPLES:-5000} $(PYTHON) -m pytest -q \
