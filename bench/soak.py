@@ -3,8 +3,11 @@ a fixed rate (each row's number is its key) and write to a 3-broker cluster for 
 land at random moments every few minutes: a Python worker SIGKILLed, a driver SIGKILLed and restarted from its
 checkpoint, a broker SIGKILLed and restarted. Every minute it samples, per query: the Python workers' RSS and
 anonymous memory, open files and threads (the largest worker's), the driver's RSS, the WAL's bytes on disk and
-live attempts, the transactional ids and marker groups on the brokers, and the read_committed lag (records written but
-not yet visible to a read_committed reader).
+live attempts, the transactional ids and marker groups on the brokers, the read_committed lag (records written but
+not yet visible to a read_committed reader), and the query's proof topic's bytes on the brokers' disks (what
+compaction frees shows there, not in its offsets). Each query's proof topic is made before it starts, with the
+sink's settings but segments of SOAK_PROOF_SEGMENT_MS (a minute; the sink's own roll every hour or 64 MiB), so that
+compaction shows within the soak: released proof must not accumulate.
 
 At the end each query is stopped between micro-batches and checked: the committed micro-batches (from the
 sink's summary lines) hold rows 0..N-1; under exactly_once a read_committed reader must see each once, under
@@ -12,6 +15,7 @@ at_least_once at least once. Each series' growth per hour after warm-up goes to 
 series to build/soak/results.png. Then ``bench.sizes`` (cost over size) adds its section.
 
     make soak                      # SOAK_MINUTES=30 SOAK_RATE=1000 SOAK_FAULT_EVERY_S=180 SOAK_SAMPLE_S=60
+                                   # SOAK_PROOF_SEGMENT_MS=60000
 """
 
 from __future__ import annotations
@@ -97,7 +101,35 @@ def _committed_lag(bootstrap: str, topic: str) -> int:
     return sum(max(0, high[p] - stable[p]) for p in high)
 
 
-def sample(q: Query, bootstrap: str, started: float) -> dict[str, float]:
+def _proof_topic(q: Query) -> str:
+    return f"{q.prefix}proof"
+
+
+def _make_proof_topic(cluster: KafkaCluster, q: Query, segment_ms: int) -> None:
+    from recoverable_sink.options import parse_options
+    from recoverable_sink.proof.topic import topic_configs
+
+    options = parse_options({"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": q.topic,
+                             "transactional.id.prefix": q.prefix})
+    assert options.proof is not None
+    config = {**topic_configs(options.proof), "segment.ms": str(segment_ms)}
+    cluster.create_topic(_proof_topic(q), options.proof.partitions, config=config)
+
+
+def _proof_mib(cluster: KafkaCluster, q: Query) -> float:
+    """The proof topic's log bytes on every broker's disk (all replicas)."""
+    topic = _proof_topic(q)
+    size = 0
+    for node in cluster.node_ids:
+        data = cluster.node_dir(node) / "data"
+        for d in data.iterdir() if data.exists() else ():
+            if d.is_dir() and d.name.rsplit("-", 1)[0] == topic:
+                size += sum(f.stat().st_size for f in d.glob("*.log"))
+    return size / 2**20
+
+
+def sample(q: Query, cluster: KafkaCluster, started: float) -> dict[str, float]:
+    bootstrap = cluster.bootstrap_servers
     from recoverable_sink.wal import open_wal
 
     workers, jvm = q.processes()
@@ -116,7 +148,8 @@ def sample(q: Query, bootstrap: str, started: float) -> dict[str, float]:
             "worker_threads": max((_threads(p) for p in workers), default=0),
             "transactional_ids": len(transactional_ids(bootstrap, q.prefix)),
             "marker_groups": len(consumer_groups(bootstrap, q.prefix)),
-            "read_committed_lag": _committed_lag(bootstrap, q.topic)}
+            "read_committed_lag": _committed_lag(bootstrap, q.topic),
+            "proof_topic_mib": _proof_mib(cluster, q)}
 
 
 def fault(rng: random.Random, queries: list[Query], cluster: KafkaCluster) -> str:
@@ -212,6 +245,7 @@ def main() -> int:
                 str(d / "summary.jsonl"), "--stop-file", str(d / "stop"), "--option", f"delivery.guarantee={mode}",
                 "--option", f"transactional.id.prefix={prefix}"]
         queries.append(Query(mode, d, topic, prefix, args))
+        _make_proof_topic(cluster, queries[-1], int(os.environ.get("SOAK_PROOF_SEGMENT_MS", "60000")))
     faults: list[dict[str, Any]] = []
     try:
         for q in queries:
@@ -224,7 +258,7 @@ def main() -> int:
             if now >= next_sample:
                 next_sample += sample_s
                 try:
-                    taken = [sample(q, bootstrap, started) for q in queries]
+                    taken = [sample(q, cluster, started) for q in queries]
                 except Exception as exc:  # noqa: BLE001 - a broker restarting: this minute goes unsampled
                     print(f"sample skipped: {exc}", flush=True)
                 else:

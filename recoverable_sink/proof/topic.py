@@ -3,7 +3,8 @@ outside any task's producer (the directory, tombstones) with a deadline the sink
 
 Settings, and why: ``cleanup.policy=compact,delete`` (compaction takes what a release tombstoned; time-based retention,
 ``proof.retentionHours``, takes what nothing released, such as a ``wal.writeId`` write's proof or a killed task's);
-``segment.ms`` of one hour (the active segment is never compacted, so a release frees its proof within about an hour);
+``segment.ms`` of one hour and ``segment.bytes`` of 64 MiB (the active segment is never compacted, so a release frees
+its proof within about an hour, or sooner where a busy topic fills a segment first);
 ``min.cleanable.dirty.ratio=0.1`` (the cleaner runs once a tenth of the log is released, keeping the topic near its
 live size); ``delete.retention.ms`` of one hour (a tombstone outlives a reader that started before it). A broker that
 refuses a setting (some managed services fix them) gets the topic with the two that matter, the policy and the
@@ -27,12 +28,14 @@ from recoverable_sink.producer.topics import says_missing
 log = get_logger("proof")
 
 _HOUR_MS = 3_600_000
+_SEGMENT_BYTES = 64 * 2**20
 
 
 def topic_configs(proof: KafkaProof) -> dict[str, str]:
     """The proof topic's settings (see the module's docstring)."""
     return {"cleanup.policy": "compact,delete", "retention.ms": str(int(proof.retention_hours * _HOUR_MS)),
-            "segment.ms": str(_HOUR_MS), "min.cleanable.dirty.ratio": "0.1", "delete.retention.ms": str(_HOUR_MS)}
+            "segment.ms": str(_HOUR_MS), "segment.bytes": str(_SEGMENT_BYTES), "min.cleanable.dirty.ratio": "0.1",
+            "delete.retention.ms": str(_HOUR_MS)}
 
 
 _ESSENTIAL = ("cleanup.policy", "retention.ms")
