@@ -111,3 +111,39 @@ def small_batches(spark: SparkSession) -> Iterator[None]:
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
     yield
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
+
+
+# Longer forms of cases the suite covers otherwise, marked campaign: make chaos runs them (pytest -m campaign), make
+# test does not, to stay within CI's time. Each by its test id (the part after the file's name), with what covers it.
+CAMPAIGN = {
+    "test_broker_down.py": {"[at_least_once]": "the exactly_once case: the same failed attempts, with more steps"},
+    "test_deadlines.py": {
+        "[1]": "trial 0: the silence lands at another random point of the commit",
+        "[2]": "trial 0",
+        "[at_least_once-batch]": "the at_least_once stream and the exactly_once batch cases",
+        "[exactly_once-stream]": "the at_least_once stream and the exactly_once batch cases"},
+    "test_stream.py": {"[14000]": "the pause at 3,000 rows: the same restart, later in the micro-batch"},
+    "test_reruns.py": {
+        "[exactly_once-3-4]": "4 to 3 here, and test_proof_elsewhere's re-runs on 3, 5 and 4 partitions in both modes",
+        "[at_least_once-4-3]": "test_proof_elsewhere's re-runs on 3, 5 and 4 partitions in both modes",
+        "test_a_rerun_from_a_driver_whose_clock_is_behind_on_another_partitioning_sends_every_record_once"
+        "[at_least_once]": "its exactly_once case, and the clock-step cases in both modes",
+        "test_a_proof_trim_before_a_rerun_keeps_what_the_rerun_needs[at_least_once]":
+            "its exactly_once case, and the writer's model, which trims at random in both modes"},
+    "test_exactly_once.py": {"test_a_long_stream_keeps_one_transactional_id_and_marker_group_per_partition":
+                             "test_broker_state's streams, and chaos scenario 20's 200 micro-batches"},
+    "test_stream_stop.py": {"[at_least_once-2]": "the exactly_once stop in its first micro-batch, the one that failed"},
+    "test_field_faults.py": {"test_a_sweep_never_removes_the_log_of_a_task_still_waiting_for_its_input[at_least_once]":
+                             "its exactly_once case; release() is one pure function for both modes"},
+    "test_upgrade.py": {"[at_least_once]": "its exactly_once case, the strict one"},
+    "test_dead_letters.py": {
+        "test_a_failed_write_s_summary_counts_what_its_finished_partitions_delivered_and_dead_lettered[at_least_once]":
+            "its exactly_once case"},
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path, _, name = item.nodeid.rpartition("/")[2].partition("::")
+        if any(name.endswith(suffix) for suffix in CAMPAIGN.get(path, {})):
+            item.add_marker(pytest.mark.campaign)

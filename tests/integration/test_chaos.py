@@ -27,10 +27,14 @@ _ALO_ONLY_IN_CAMPAIGN = by_name("executor-kill-wal-lost", "speculation")
 _CAMPAIGN_ONLY = by_name("upstream-failure", "transient-upstream-failure", "stream-upstream-failures",
                          "long-stream-broker-state", "sweep-while-running", "stream-rerun-repartitioned",
                          "zombie-driver", "silenced-commit", "dead-letters")
-# Covered in the suite by their own tests: the brokers gone past the delivery timeout (test_broker_down), a stream's
-# driver killed at random under at_least_once (under exactly_once it runs here), the zombie driver (test_reruns).
+# Covered in the suite by their own tests (the brokers gone past the delivery timeout: test_broker_down; the zombie
+# driver: test_reruns' zombie micro-batch; a re-run on other partitionings: test_proof_elsewhere; wal.maxBytes:
+# test_sink_bad_input; a leader's death: test_broker) or by the other mode's case here.
 _SUITE_COVERS = {(ALO, "broker-down-past-delivery-timeout"), (EO, "broker-down-past-delivery-timeout"),
-                 (ALO, "stream-driver-kill-random"), (EO, "stream-upstream-failures"), (EO, "zombie-driver")}
+                 (ALO, "stream-driver-kill-random"), (EO, "stream-upstream-failures"), (EO, "zombie-driver"),
+                 (EO, "stream-rerun-repartitioned"), (ALO, "wal-bound"), (ALO, "leader-kill-three-brokers"),
+                 (ALO, "stream-restart-to-another-topic"), (ALO, "stream-driver-kill"), (ALO, "shuffle-executor-kill"),
+                 (ALO, "executor-jvm-kill")}
 _CASES = [(s, m) for s, m in
           [(s, ALO) for s in SCENARIOS if ALO in s.modes and s.name not in _ALO_ONLY_IN_CAMPAIGN | _CAMPAIGN_ONLY] +
           [(s, EO) for s in SCENARIOS if EO in s.modes and s.name in _EO_IN_SUITE]

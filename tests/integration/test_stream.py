@@ -114,7 +114,7 @@ def test_update_mode_is_refused_by_spark_for_python_sinks(spark, kafka, new_topi
         query.awaitTermination(180)
 
 
-@pytest.mark.parametrize("pause_at", [3_000, pytest.param(14_000, marks=pytest.mark.campaign)])
+@pytest.mark.parametrize("pause_at", [3_000, 14_000])
 def test_driver_killed_mid_batch_restarts_with_every_record_once(kafka, new_topic, tmp_path, pause_at):
     topic = new_topic(partitions=2)
     source = json_input(tmp_path / "in")
