@@ -45,7 +45,7 @@ def measure(b: Bench) -> dict[str, Any]:
     df.count()
     out: dict[str, Any] = {"rows": ROWS, "partitions": PARTITIONS, "reps": REPS}
     out["cpu"] = _cpu(b, df)
-    out["bytes"] = {mode: _bytes(b, df, options) for mode, options in
+    out["bytes"] = {mode: _bytes(b, df, mode, options) for mode, options in
                     (("at_least_once", {}), ("exactly_once", EXACTLY_ONCE))}
     out["rerun_read"] = _rerun_read(b, df)
     df.unpersist()
@@ -75,10 +75,10 @@ def _cpu(b: Bench, df: Any) -> dict[str, Any]:
     return found
 
 
-def _bytes(b: Bench, df: Any, options: dict[str, str]) -> dict[str, Any]:
+def _bytes(b: Bench, df: Any, mode: str, options: dict[str, str]) -> dict[str, Any]:
     """One write to a proof topic of its own: what the topic holds afterwards, per record."""
     proof = f"bench-proof-{uuid.uuid4().hex[:8]}"
-    b.timed("proof-bytes", PARTITIONS, ROWS, b.recoverable(df, True, **options, **{"proof.topic": proof}))
+    b.timed(f"{mode} proof-bytes", PARTITIONS, ROWS, b.recoverable(df, True, **options, **{"proof.topic": proof}))
     on_disk = sum(f.stat().st_size for f in _log_dirs(b, proof) for f in f.glob("*.log"))
     records, payload = _payload(b, proof)
     b.drop_topic(proof)

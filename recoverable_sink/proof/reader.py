@@ -99,7 +99,9 @@ def read_range(c: Consumer, topic: str, partition: int, start: int, end: int, de
     tp = TopicPartition(topic, partition, start)
     c.assign([tp])
     while time.monotonic() < deadline:
-        for m in c.consume(1000, timeout=max(0.05, min(0.5, deadline - time.monotonic()))):
+        # consume() waits out its timeout unless it fills the batch: short, since a read ends at a known offset (a
+        # re-run's partition reads after each claim; half a second each was most of a re-run's time).
+        for m in c.consume(1000, timeout=max(0.01, min(0.05, deadline - time.monotonic()))):
             err = m.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
@@ -116,6 +118,9 @@ def read_range(c: Consumer, topic: str, partition: int, start: int, end: int, de
                 c.unassign()
                 return
             feed(offset, m.key(), m.value())
+            if offset + 1 >= end:
+                c.unassign()
+                return
         position = c.position([TopicPartition(topic, partition)])[0].offset
         if position >= end:
             c.unassign()

@@ -152,7 +152,11 @@ def produce(options: SinkOptions, proof: KafkaProof, records: list[tuple[int, by
         return
     from recoverable_sink.producer.ledger import delivery_timeout_s
 
-    conf = short_lived({**options.producer_config(), "linger.ms": "5"})
+    # Not idempotent: an idempotent producer asks for a producer id as it starts and, no broker connected yet, asks
+    # again only 500 ms later, a fixed cost on every write's directory entry and release. These records are keyed and
+    # compacted, a repeat of one changes nothing, and one request in flight keeps their order.
+    conf = short_lived({**options.producer_config(), "linger.ms": "5", "enable.idempotence": "false",
+                        "max.in.flight.requests.per.connection": "1"})
     conf.pop("transactional.id", None)
     from recoverable_sink.producer.client_log import ClientLogger, RepeatSummary
 
@@ -164,6 +168,8 @@ def produce(options: SinkOptions, proof: KafkaProof, records: list[tuple[int, by
         if err is not None:
             failed.append(err)
 
+    limit = delivery_timeout_s(options) + MARGIN_S
+    deadline = time.monotonic() + limit
     try:
         for partition, key, value in records:
             while True:
@@ -172,8 +178,6 @@ def produce(options: SinkOptions, proof: KafkaProof, records: list[tuple[int, by
                     break
                 except BufferError:
                     producer.poll(0.05)
-        limit = delivery_timeout_s(options) + MARGIN_S
-        deadline = time.monotonic() + limit
         while len(producer) and time.monotonic() < deadline:
             producer.flush(min(1.0, max(0.0, deadline - time.monotonic())))
         left = len(producer)
