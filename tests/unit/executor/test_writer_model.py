@@ -219,6 +219,8 @@ class WriterModel(RuleBasedStateMachine):
         mode = "exactly_once" if exactly_once else "at_least_once"
         complete = self.one_run(partitions, mode, seed, faults, spread, wrong)
         if not faults and not wrong and not complete:
+            if self.undecidable:
+                return  # refused for good, as before: the recovery it names is another partitioning or a new write id
             if not self.retained_cut or self.accept_expired:
                 raise Violation("liveness: a run with no fault did not complete")
             # Refused because the retention deleted proof: the refusal's recovery must complete the write.
@@ -389,8 +391,9 @@ class WriterModel(RuleBasedStateMachine):
                                None, None, False)
         # exactly_once: the committed micro-batch's marker and proof say it is there. at_least_once: what its tasks
         # delivered but never proved (a kill's window, this host's WAL lost) may go again, which the accounting at the
-        # end holds to its bound; once the query moved past the micro-batch, nothing at all.
-        moved_past = self.batch - batch > 1
+        # end holds to its bound; once the query moved past the micro-batch, nothing at all, unless the retention
+        # deleted the later micro-batches' proof too (a task late by longer than proof.retentionHours).
+        moved_past = self.batch - batch > 1 and (exactly_once or not self.retained_cut)
         if (exactly_once or moved_past) and Counter(self.visible_all()) != before:
             raise Violation("a task of a committed micro-batch sent records")
         if moved_past and not isinstance(outcome, BaseException):

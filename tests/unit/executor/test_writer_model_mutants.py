@@ -137,8 +137,8 @@ MUTANTS: dict[str, tuple[Callable[[], Iterator[None]], tuple[str, ...]]] = {
     "logged-as-acknowledged": (_logged_as_acknowledged, ("lost",)),
     "ignores-claims": (_ignores_claims, ("lost",)),
     "never-skips-committed": (_never_skips_committed, ("repeated", "more often")),
-    "releases-a-live-writes-proof": (_releases_a_live_writes_proof, ("repeated", "more often")),
-    "generated-id-unlisted": (_generated_id_unlisted, ("repeated", "more often", "liveness")),
+    "releases-a-live-writes-proof": (_releases_a_live_writes_proof, ("repeated", "more often", "liveness")),
+    "generated-id-unlisted": (_generated_id_unlisted, ("repeated", "more often", "liveness", "lost")),
 }
 
 
