@@ -13,10 +13,23 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 from pyspark.sql import DataFrame
 
 from testing.spark import local_spark, sink_stream_writer
+
+
+def write_inputs(d: Path, sizes: list[int]) -> int:
+    """``--source files`` input: one JSON file per size, ids numbered on from 0 across them, read as one micro-batch of
+    len(sizes) partitions (one file each); returns the number of rows."""
+    d.mkdir(parents=True)
+    first = 0
+    for f, n in enumerate(sizes):
+        (d / f"part-{f:04d}.json").write_text("".join(f'{{"id": {i}, "payload": "p{i}"}}\n'
+                                                      for i in range(first, first + n)))
+        first += n
+    return first
 
 
 def main(argv: list[str] | None = None) -> int:

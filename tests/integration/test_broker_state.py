@@ -25,6 +25,7 @@ from testing.chaos.lab import kill_group, python_subprocess
 from testing.kafka_check import consumer_groups
 from testing.kafka_local import KafkaCluster, start_cluster
 from testing.spark import sink_writer, tasks_running
+from testing.stream_job import write_inputs
 from testing.task_options import task_options
 from testing.waiting import wait_until
 
@@ -40,16 +41,6 @@ def fast_broker(tmp_path_factory):
     yield cluster
     cluster.stop(timeout_s=20)
 
-
-def _files(d, sizes):
-    """One JSON file per size, read as one micro-batch of len(sizes) partitions (one file each)."""
-    d.mkdir(parents=True)
-    first = 0
-    for f, n in enumerate(sizes):
-        (d / f"part-{f:04d}.json").write_text("".join(f'{{"id": {i}, "payload": "p{i}"}}\n'
-                                                      for i in range(first, first + n)))
-        first += n
-    return first
 
 
 def _stream_args(d, source, bootstrap, topic, mode, prefix):
@@ -73,7 +64,7 @@ def test_a_restart_or_rerun_after_the_brokers_expired_the_markers_sends_every_re
     for mode in ("exactly_once", "at_least_once"):
         d, topic, prefix = tmp_path / mode, f"s-{uuid.uuid4().hex[:8]}", f"exp-{uuid.uuid4().hex[:6]}-"
         fast_broker.create_topic(topic, 4)
-        total = _files(d / "in", [3000, 3000, 40, 60])
+        total = write_inputs(d / "in", [3000, 3000, 40, 60])
         pause = d / "paused"
         args = _stream_args(d, d / "in", bootstrap, topic, mode, prefix)
         first = python_subprocess([*args, "--option", "_test.pauseAfterRecords=1000", "--option",

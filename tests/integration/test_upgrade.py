@@ -20,6 +20,7 @@ from recoverable_sink.wal import DONE, open_wal
 from testing.chaos.checker import ids_in_topic, verdict
 from testing.chaos.lab import kill_group, python_subprocess
 from testing.spark import python_env
+from testing.stream_job import write_inputs
 from testing.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,21 +40,12 @@ def previous_release(tmp_path_factory) -> Path:
     return where
 
 
-def _files(d: Path, sizes: list[int]) -> int:
-    d.mkdir(parents=True)
-    first = 0
-    for f, n in enumerate(sizes):
-        (d / f"part-{f:04d}.json").write_text("".join(f'{{"id": {i}, "payload": "p{i}"}}\n'
-                                                      for i in range(first, first + n)))
-        first += n
-    return first
-
 
 @pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
 def test_a_stream_killed_under_the_previous_release_is_finished_exactly_by_this_one(kafka, new_topic, tmp_path,
                                                                                     previous_release, mode):
     topic, prefix = new_topic(4), f"up-{uuid.uuid4().hex[:6]}-"
-    total = _files(tmp_path / "in", [3000, 3000, 40, 60])
+    total = write_inputs(tmp_path / "in", [3000, 3000, 40, 60])
     pause = tmp_path / "paused"
     args = ["-m", "testing.stream_job", "--source", "files", "--input", str(tmp_path / "in"), "--max-per-trigger", "4",
             "--master", "local[4,4]", "--bootstrap", kafka.bootstrap_servers, "--topic", topic,
