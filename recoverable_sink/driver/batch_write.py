@@ -88,7 +88,7 @@ class RecoverableKafkaBatchWriter(DataSourceArrowWriter):
                 wal.purge([a.key for a in wal.attempts(f"{self.write_id}/")])
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        proof_place.refresh_entry(self.options, self.write_id, self.proof_start, self.options.write_id is None)
+        proof_place.refresh_entry(self.options, self.write_id, self.proof_start)
         summary = summarize(messages)
         reported = [m.wal_path for m in messages if isinstance(m, SinkCommitMessage) and m.wal_path]
         wal_path = self.options.wal_path or (reported[0] if reported else None)

@@ -21,7 +21,13 @@ from recoverable_sink.deadlines import within
 from recoverable_sink.errors import OptionError, transaction_problem
 from recoverable_sink.option_names import suggest_kafka
 from recoverable_sink.options import DEFAULT_BATCH_SIZE, DeadLetterTopic, SinkOptions, client_config, short_lived
-from recoverable_sink.producer.topics import create_as_brokers_would, new_topic, refused_setting, says_missing
+from recoverable_sink.producer.topics import (
+    create_as_brokers_would,
+    missing_operations,
+    new_topic,
+    refused_setting,
+    says_missing,
+)
 
 log = get_logger("preflight")
 
@@ -181,7 +187,7 @@ def _check_write_allowed(options: SinkOptions, questions: TopicQuestions | None)
         log.info("could not read the operations allowed on topic %s (%s); the brokers still enforce them",
                  options.topic, options.scrub(str(exc)))
         return
-    if allowed and AclOperation.WRITE not in allowed and AclOperation.ALL not in allowed:
+    if missing_operations(allowed, (AclOperation.WRITE,)):
         names = ", ".join(sorted(op.name for op in allowed))
         raise OptionError(
             f"option topic={options.topic}: the brokers do not allow this principal to WRITE to the topic (allowed: "

@@ -78,11 +78,9 @@ def finish_write(options: SinkOptions, write_id: str, start: ProofStart | None, 
                     "retention (proof.retentionHours)", write_id, proof.topic, options.scrub(str(exc)))
 
 
-def refresh_entry(options: SinkOptions, write_id: str, start: ProofStart | None, generated: bool,
-                  io: ProofIO | None = None) -> None:
+def refresh_entry(options: SinkOptions, write_id: str, start: ProofStart | None, io: ProofIO | None = None) -> None:
     """At a failed write's abort: its directory entry is written again, to outlive the proof its tasks wrote (a
     generated id's too: the abort tells the user to re-run the write under it)."""
-    del generated  # the same for both: kept for the callers' symmetry with finish_write
     found_io = _io(options, io)
     if found_io is not None and start is not None:
         try:

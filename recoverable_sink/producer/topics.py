@@ -16,13 +16,22 @@ import time
 from typing import TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AclOperation, AdminClient, ConfigResource, NewTopic, ResourceType
 
 from recoverable_sink._logging import get_logger
 from recoverable_sink.deadlines import MARGIN_S
 from recoverable_sink.options import TOPIC_CREATION_PREFIX, SinkOptions, TopicCreation, client_config
 
 log = get_logger("topics")
+
+
+def missing_operations(allowed: list[AclOperation] | None,
+                       required: tuple[AclOperation, ...]) -> list[AclOperation]:
+    """Of ``required``, what a topic's authorized operations (KIP-430) lack: none where the brokers did not say (no
+    authorizer, or an older broker) or allow ALL."""
+    if not allowed or AclOperation.ALL in allowed:
+        return []
+    return [op for op in required if op not in allowed]
 
 
 def says_missing(err: object) -> TypeGuard[KafkaError]:

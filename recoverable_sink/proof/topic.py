@@ -23,7 +23,7 @@ from recoverable_sink._logging import get_logger
 from recoverable_sink.deadlines import MARGIN_S
 from recoverable_sink.errors import OptionError
 from recoverable_sink.options import KafkaProof, SinkOptions, short_lived
-from recoverable_sink.producer.topics import says_missing
+from recoverable_sink.producer.topics import missing_operations, says_missing
 
 log = get_logger("proof")
 
@@ -118,9 +118,7 @@ def _check_allowed(admin: AdminClient, proof: KafkaProof, timeout_s: float) -> N
                  proof.topic, exc)
         return
     allowed = described.authorized_operations
-    if not allowed or AclOperation.ALL in allowed:
-        return
-    missing = [op.name for op in (AclOperation.READ, AclOperation.WRITE) if op not in allowed]
+    missing = [op.name for op in missing_operations(allowed, (AclOperation.READ, AclOperation.WRITE))]
     if missing:
         raise OptionError(
             f"the brokers do not allow this principal to {' and '.join(missing)} the proof topic {proof.topic} "

@@ -279,7 +279,7 @@ class WriterModel(RuleBasedStateMachine):
             proof_place.finish_write(driver_options, self.write_id, start, generated, messages, io)
             self.generated_committed = generated and not wrong
         else:
-            proof_place.refresh_entry(driver_options, self.write_id, start, generated, io)
+            proof_place.refresh_entry(driver_options, self.write_id, start, io)
         if complete and not wrong:
             self.parts_of[batch] = parts
             if batch == len(self.completed_inputs):  # the write's (or micro-batch's) first completion

@@ -111,9 +111,9 @@ def _generated_id_unlisted() -> Iterator[None]:
     partitions again."""
     real, real_refresh = proof_place.start_for, proof_place.refresh_entry
 
-    def not_refreshed(options, write_id, start, generated, io=None):  # type: ignore[no-untyped-def]
-        if not generated:
-            real_refresh(options, write_id, start, generated, io)
+    def not_refreshed(options, write_id, start, io=None):  # type: ignore[no-untyped-def]
+        if options.write_id is not None:  # a wal.writeId write's; a generated id's is left unwritten
+            real_refresh(options, write_id, start, io)
 
     def unlisted(options, write_id, generated, io=None):  # type: ignore[no-untyped-def]
         if not generated:
