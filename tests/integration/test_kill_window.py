@@ -4,7 +4,9 @@ host). A kill repeats at most what was handed to the producer in the last two dr
 CHECKPOINT_MAX_RECORDS records handed over (and every 0.05 s), and a drain's acknowledgements reach the WAL before the
 window after the next begins (docs/guarantees.md). Before the windows had a record bound, one kill repeated 40,000."""
 
+import os
 import random
+import signal
 import threading
 
 from pyspark.sql import functions as F
@@ -38,9 +40,6 @@ def test_a_kill_at_a_random_moment_repeats_at_most_two_drain_windows(spark, kafk
                 return
             pid = rng.choice(workers)
             try:
-                import os
-                import signal
-
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
             except ProcessLookupError:
