@@ -64,13 +64,13 @@ from recoverable_sink.executor.resume_plan import (
     judge_skipped,
     plan,
 )
-from recoverable_sink.identity import DIGEST_SIZE, DeliveredSet, Fingerprint, record_digests, slices, split
+from recoverable_sink.identity import DeliveredSet, Fingerprint, record_digests, slices, split
 from recoverable_sink.options import DeadLetterTopic, KafkaProof, SinkOptions
 from recoverable_sink.producer.ledger import Ledger, delivery_timeout_s
 from recoverable_sink.producer.marker import Marker
 from recoverable_sink.producer.protocol import SinkProducer
 from recoverable_sink.producer.topics import create_as_brokers_would, max_message_bytes, says_missing
-from recoverable_sink.proof.format import ChunkSegment
+from recoverable_sink.proof.format import ChunkSegment, acked_digests
 from recoverable_sink.wal import attempt as wal_attempt
 
 log = get_logger("writer")
@@ -519,9 +519,7 @@ class PartitionWriter:
             if digests is None:
                 continue
             acked = bytes(bitmap)
-            kept = b"".join(digests[i * DIGEST_SIZE:(i + 1) * DIGEST_SIZE] for i, a in enumerate(acked) if a) \
-                if 0 in acked else digests
-            segments.append(ChunkSegment(first, len(acked), acked, kept))
+            segments.append(ChunkSegment(first, len(acked), acked, acked_digests(digests, acked)))
             if 0 not in acked:
                 del self._segment_digests[first]
         if segments:

@@ -176,7 +176,7 @@ def decode_chunk(value: bytes) -> Chunk | None:
             at += width
             digests = value[at:at + acked * DIGEST_SIZE]
             at += acked * DIGEST_SIZE
-            if len(digests) != acked * DIGEST_SIZE or sum(bits) != acked:
+            if len(digests) != acked * DIGEST_SIZE or len(bits) - bits.count(0) != acked:
                 return None
             segments.append(ChunkSegment(first, count, bits, digests))
         if at != len(value):
@@ -185,6 +185,15 @@ def decode_chunk(value: bytes) -> Chunk | None:
         return None
     return Chunk(tuple(segments), last=bool(flags & LAST), task_attempt_id=None if tid < 0 else tid,
                  micro_batch=None if batch < 0 else batch)
+
+
+def acked_digests(digests: bytes, acked: bytes) -> bytes:
+    """The digests of the records a segment's bitmap (one byte per record) says Kafka acknowledged, in order."""
+    if 0 not in acked:
+        return digests
+    rows = np.frombuffer(digests, dtype=np.uint8).reshape(-1, DIGEST_SIZE)
+    kept: bytes = rows[np.frombuffer(acked, dtype=np.uint8) != 0].tobytes()
+    return kept
 
 
 def _pack_bits(acked: bytes) -> bytes:

@@ -235,12 +235,6 @@ class AttemptInfo:
         run it. One whose process is gone, or written before owners were recorded, counts as a failed attempt."""
         return self.state != DONE and self.ended is None and self.owner is not None and self.owner.may_still_run()
 
-    def generated_proof_expired(self, now: float, grace_s: float) -> bool:
-        """Whether this is a finished attempt of a write with a generated id, done for longer than ``grace_s``:
-        such a write is never re-run, so its proof of delivery may go."""
-        done_at = self.done_at if self.done_at is not None else self.created
-        return self.state == DONE and self.generated and now - done_at > grace_s
-
     def micro_batch_of(self, query_id: str) -> int | None:
         """The micro-batch of streaming query ``query_id`` this attempt wrote; None for any other attempt."""
         return self.batch_id if self.query_id == query_id else None

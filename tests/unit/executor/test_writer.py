@@ -228,10 +228,21 @@ def test_a_failed_acknowledgement_save_fails_the_task_and_its_abort_saves_those_
     assert second.values() == []
 
 
+class StillClock:
+    """The writer's clock, stopped: only the record count triggers drains, and sleeps pass no time."""
+
+    def monotonic(self) -> float:
+        return 0.0
+
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
 def test_replay_sends_what_no_attempt_got_acknowledged_then_a_rerun_sends_nothing(wal_dir):
     opts = options(wal_dir)
+    # Time stands still: a drain in mid-partition (every 0.05 s on a slow machine) would expire the rest early.
     writer = open_writer(opts, PLAN, TaskIdentity("w", 0, 0), "c1",
-                             producer=sink_producer(FakeProducer(ack_budget=321, expire=True)))
+                         producer=sink_producer(FakeProducer(ack_budget=321, expire=True)), clock=StillClock())
     for b in batches(rows(1000)):
         writer.write(b)
     with pytest.raises(DeliveryError, match="did not acknowledge 679 of 1000"):

@@ -117,11 +117,3 @@ def test_still_sending_is_an_unfinished_attempt_whose_process_runs_here(changes,
 ])
 def test_the_sweep_keeps_an_unfinished_attempt_while_its_process_may_still_run(changes, running):
     assert replace(record("w/0/1"), **changes).may_be_running() is running
-
-
-def test_the_proof_of_a_generated_id_write_expires_a_grace_after_it_was_done():
-    done = record("w/0/1", state=DONE, generated=True, done_at=1000.0)
-    assert done.generated_proof_expired(now=1601.0, grace_s=600) and not done.generated_proof_expired(1500.0, 600)
-    assert not replace(done, generated=False).generated_proof_expired(1601.0, 600)  # a wal.writeId write keeps it
-    assert not replace(done, state=LOGGED).generated_proof_expired(1601.0, 600)
-    assert replace(done, done_at=None).generated_proof_expired(701.0, 600)  # no done_at: from its creation
