@@ -83,7 +83,8 @@ class ProofView:
     own_runs_from: dict[int, int | None] = field(default_factory=dict)  # X of each partition read
     low: int | None = None  # the lowest offset of a record of this write seen
     truncated: bool = False  # retention deleted records where the write's proof was to start
-    older: list[tuple[int, bytes]] = field(default_factory=list)  # (partition, key) of earlier micro-batches' proof
+    # (partition, key) of earlier micro-batches' live proof, in the log's order (a dict: a later tombstone drops one)
+    older: dict[tuple[int, bytes], None] = field(default_factory=dict)
     needs_committed: bool = False  # the first pass saw transactional records of other runs below X
     records_read: int = 0  # what reading it cost: records and bytes (keys and values) over both passes
     bytes_read: int = 0
@@ -118,7 +119,12 @@ class ProofView:
         self._note(offset, key.write_id)
         mine, theirs = stream_batch_of(self.write_id), stream_batch_of(key.write_id)
         if mine is not None and theirs is not None and theirs < mine and raw_key is not None:
-            self.older.append((key.partition, raw_key))  # released by this micro-batch's tasks
+            # Released by this micro-batch's tasks, unless a tombstone already did: taking tombstones for proof would
+            # make each micro-batch tombstone again every key the ones before it had, without end.
+            if value is None:
+                self.older.pop((key.partition, raw_key), None)
+            else:
+                self.older[(key.partition, raw_key)] = None
         own = self.run is not None and key.run == self.run and key.write_id == self.write_id
         # X: the first record of another partition of this run, whose transaction may still be open. This partition's
         # earlier attempts of the run are below or past it alike: opening this attempt fenced them, so theirs ended.

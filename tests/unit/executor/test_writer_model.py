@@ -333,9 +333,10 @@ class WriterModel(RuleBasedStateMachine):
                 writer.abort()
                 raise
 
-        before = Counter(self.visible_all())
+        before, released = Counter(self.visible_all()), self.released(broker)
         self.world.run(worker, task)
         self.check_added(before, mode)
+        self.check_released_once(record, released)
         if worker.frozen:
             if worker.alive:
                 # Paused, its process alive: whatever runs meanwhile overlaps it (a zombie, or an attempt the final
@@ -459,6 +460,25 @@ class WriterModel(RuleBasedStateMachine):
         over = {r: n for r, n in seen.items() if n > max(limit[r], before[r])}
         if over:
             raise Violation(f"exactly_once: records made visible more often than the input holds them: {over}")
+
+    @staticmethod
+    def released(broker) -> set[bytes]:
+        """The proof topic's keys whose latest record a reader sees is a tombstone: released proof."""
+        last: dict[bytes, bytes | None] = {}
+        for (t, _), entries in broker.logs.items():
+            if t == PROOF_TOPIC:
+                last.update((e.key, e.value) for e in entries if e.visible() and e.key is not None)
+        return {k for k, v in last.items() if v is None}
+
+    def check_released_once(self, record: dict, released: set[bytes]) -> None:
+        """The proof topic stays bounded: an attempt tombstones no key whose release it could read (one that does
+        would have each micro-batch release again every key the ones before it had, without end)."""
+        w = record["worker"]
+        again = [h.key for h, _ in (w.producer.delivered if w.producer is not None else ())
+                 if h.topic == PROOF_TOPIC and h.value is None and h.key in released]
+        if again:
+            raise Violation(f"proof released again: {len(again)} tombstones of keys already tombstoned, e.g. "
+                            f"{again[0]!r}")
 
     def check_nothing_lost(self) -> None:
         seen = Counter(self.visible_all())

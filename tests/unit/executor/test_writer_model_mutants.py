@@ -13,9 +13,12 @@ from contextlib import contextmanager
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from recoverable_sink.contract import stream_batch_of
 from recoverable_sink.driver import proof_place
 from recoverable_sink.executor import partition_writer, resume_plan
 from recoverable_sink.proof.claims import KafkaClaims
+from recoverable_sink.proof.format import ChunkKey, parse_key
+from recoverable_sink.proof.view import ProofView
 from tests.unit.executor import test_writer_model as model
 
 EXAMPLES = 400  # sequences each mutant gets; the fixed seed makes them the same sequences every run
@@ -131,6 +134,26 @@ def _generated_id_unlisted() -> Iterator[None]:
         proof_place.start_for, proof_place.refresh_entry = real, real_refresh
 
 
+def _releases_released_proof() -> Iterator[None]:
+    """A stream's task takes the earlier micro-batches' tombstones for proof to release: each micro-batch tombstones
+    again every key the ones before it had, and the proof topic grows with the square of the query's length."""
+    real = ProofView.first_pass
+
+    def retombstoning(self: ProofView, offset: int, raw_key: bytes | None, value: bytes | None) -> None:
+        real(self, offset, raw_key, value)
+        key = parse_key(raw_key)
+        if value is None and isinstance(key, ChunkKey) and raw_key is not None and key.scope == self.scope:
+            mine, theirs = stream_batch_of(self.write_id), stream_batch_of(key.write_id)
+            if mine is not None and theirs is not None and theirs < mine:
+                self.older[(key.partition, raw_key)] = None
+
+    ProofView.first_pass = retombstoning  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ProofView.first_pass = real  # type: ignore[method-assign]
+
+
 # Each mutant, and the invariant it must break (words of the model's violation).
 MUTANTS: dict[str, tuple[Callable[[], Iterator[None]], tuple[str, ...]]] = {
     "refuses-everything": (_refuses_everything, ("liveness",)),
@@ -139,6 +162,7 @@ MUTANTS: dict[str, tuple[Callable[[], Iterator[None]], tuple[str, ...]]] = {
     "never-skips-committed": (_never_skips_committed, ("repeated", "more often")),
     "releases-a-live-writes-proof": (_releases_a_live_writes_proof, ("repeated", "more often", "liveness")),
     "generated-id-unlisted": (_generated_id_unlisted, ("repeated", "more often", "liveness", "lost")),
+    "releases-released-proof": (_releases_released_proof, ("released again",)),
 }
 
 

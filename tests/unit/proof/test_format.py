@@ -33,3 +33,4 @@ def test_a_value_that_does_not_add_up_is_skipped_not_misread():
     value = encode_chunk(chunk)
     assert decode_chunk(value[:-1]) is None  # a digest short
     assert decode_chunk(bytes([99]) + value[1:]) is None  # another version's
+
