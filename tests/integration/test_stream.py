@@ -11,6 +11,8 @@ import pytest
 from confluent_kafka import Producer
 
 from recoverable_sink import RecoverableKafkaDataSource
+from recoverable_sink.contract import stream_batch_of
+from recoverable_sink.proof.format import ChunkKey, parse_key
 from recoverable_sink.wal import open_wal
 from testing.kafka_check import read_topic
 from testing.kafka_local import REPO
@@ -55,7 +57,7 @@ def finish(proc, tmp_path, name, timeout_s=240):
 
 def test_file_stream_writes_every_record_once(spark, kafka, new_topic, tmp_path):
     topic = new_topic(partitions=2)
-    source = json_input(tmp_path / "in", files=2, per_file=5000)
+    source = json_input(tmp_path / "in", files=4, per_file=2500)
     df = (spark.readStream.schema("id LONG, payload STRING").option("maxFilesPerTrigger", 1).json(str(source))
           .selectExpr("CAST(id AS STRING) AS key", "to_json(struct(*)) AS value"))
     query = (sink_stream_writer(df, kafka.bootstrap_servers, topic, tmp_path / "wal",
@@ -67,20 +69,33 @@ def test_file_stream_writes_every_record_once(spark, kafka, new_topic, tmp_path)
     ids = ids_in(kafka, topic, 10_000)
     assert sorted(ids) == list(range(10_000))
     batches = [json.loads(line) for line in (tmp_path / "summary.jsonl").read_text().splitlines()]
-    assert [b["batch_id"] for b in batches] == [0, 1]
-    assert all(b["event"] == "commit" and b["acknowledged"] == 5000 for b in batches)
-    # Each micro-batch says where its records went: the two batches' offsets follow each other per partition.
+    assert [b["batch_id"] for b in batches] == [0, 1, 2, 3]
+    assert all(b["event"] == "commit" and b["acknowledged"] == 2500 for b in batches)
+    # Each micro-batch says where its records went: consecutive batches' offsets follow each other per partition.
     for b in batches:
-        assert b["offsets_complete"] and sum(o["records"] for o in b["offsets"]) == 5000
-    for first, second in zip(*(sorted(b["offsets"], key=lambda o: o["partition"]) for b in batches), strict=False):
-        assert first["partition"] == second["partition"] and second["first"] > first["last"]
+        assert b["offsets_complete"] and sum(o["records"] for o in b["offsets"]) == 2500
+    for earlier, later in zip(batches, batches[1:], strict=False):
+        for first, second in zip(*(sorted(b["offsets"], key=lambda o: o["partition"]) for b in (earlier, later)),
+                                 strict=False):
+            assert first["partition"] == second["partition"] and second["first"] > first["last"]
     from recoverable_sink import last_write
 
-    assert last_write(spark)["batch_id"] == 1
+    assert last_write(spark)["batch_id"] == 3
     # Proof of delivery of the last batch stays until a later batch runs: digests only, no payload.
     wal = open_wal(str(tmp_path / "wal"))
-    assert {a.batch_id for a in wal.attempts()} == {1}
+    assert {a.batch_id for a in wal.attempts()} == {3}
     assert all(a.state == "done" for a in wal.attempts()) and wal.stats().payload_bytes == 0
+    # In Kafka too: each earlier micro-batch's proof released once, by the next one's tasks (taking tombstones for
+    # proof to release, each micro-batch used to tombstone every earlier key again), the last one's live.
+    released: dict[int, list[int]] = {}
+    for r in read_topic(kafka.bootstrap_servers, "recoverable-kafka-proof", 60):
+        key = parse_key(r["key"])
+        if isinstance(key, ChunkKey) and key.scope == query.id:
+            released.setdefault(stream_batch_of(key.write_id), []).append(r["value"] is None)
+    assert sorted(released) == [0, 1, 2, 3]
+    for batch, tombstones in released.items():
+        chunks = tombstones.count(False)
+        assert chunks and tombstones.count(True) == (chunks if batch < 3 else 0), (batch, tombstones)
 
 
 def aggregate_query(spark, kafka, topic, tmp_path, mode):
