@@ -33,6 +33,7 @@ class RemoteAttempt:
     done: bool
     task_attempt_id: int | None = None
     micro_batch: int | None = None
+    proven: bool = True  # False: an exactly_once attempt of this task seen only uncommitted, known to exist, no proof
 
 
 class RemoteProof(Protocol):
@@ -92,9 +93,9 @@ def merge(local: Sequence[Prior], remote: Sequence[RemoteAttempt]) -> tuple[Prio
         if found is None:
             merged[r.name] = Prior(name=r.name, partition=r.partition, run=r.run,
                                    state=DONE if r.done else OPEN, exactly_once=r.exactly_once,
-                                   task_attempt_id=r.task_attempt_id, in_kafka=True, kafka_records=r.records,
-                                   micro_batch=r.micro_batch)
-        else:
+                                   task_attempt_id=r.task_attempt_id, in_kafka=r.proven,
+                                   kafka_records=r.records if r.proven else 0, micro_batch=r.micro_batch)
+        elif r.proven:
             state: AttemptState = DONE if r.done else found.state
             merged[r.name] = replace(found, in_kafka=True, kafka_records=r.records, state=state)
     return tuple(merged.values())

@@ -108,10 +108,17 @@ class KafkaProofLog:
         return starts
 
     def attempts(self) -> Sequence[RemoteAttempt]:
-        return [RemoteAttempt(name=a.name, partition=a.partition, run=a.run, exactly_once=a.exactly_once,
-                              records=a.records, done=a.exactly_once or a.last, task_attempt_id=a.task_attempt_id,
-                              micro_batch=a.micro_batch)
-                for a in self.view().attempts.values()]
+        view = self.view()
+        found = [RemoteAttempt(name=a.name, partition=a.partition, run=a.run, exactly_once=a.exactly_once,
+                               records=a.records, done=a.exactly_once or a.last, task_attempt_id=a.task_attempt_id,
+                               micro_batch=a.micro_batch)
+                 for a in view.attempts.values()]
+        # This task's other attempts whose proof the view does not hold (exactly_once, past the run's open
+        # transactions): known to exist, so a later one supersedes this attempt.
+        found += [RemoteAttempt(name=name, partition=self.ident.partition, run=self.ident.run or "-", exactly_once=True,
+                                records=0, done=False, task_attempt_id=tid, proven=False)
+                  for name, tid in view.siblings.items() if name not in view.attempts]
+        return found
 
     def latest_micro_batch(self) -> int | None:
         return self.view().latest_micro_batch

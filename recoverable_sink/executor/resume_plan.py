@@ -226,9 +226,10 @@ def plan(e: Evidence) -> Plan:
         others = [p for p in priors if p.run != t.run]
     overdue: tuple[str, ...] = ()
     if t.task_attempt_id is not None and t.run is not None:
-        later = [p for p in own_run if p.task_attempt_id is not None and p.task_attempt_id > t.task_attempt_id
-                 and p.key is not None]
-        if later and not t.exactly_once:  # exactly_once: the transaction's fencing decides
+        # In either mode: under exactly_once the later attempt's fencing cannot tell once it committed and the
+        # brokers expired its marker (a Python worker resumed days later); its chunks in the proof topic still can.
+        later = [p for p in own_run if p.task_attempt_id is not None and p.task_attempt_id > t.task_attempt_id]
+        if later:
             return StandDown(f"{t.where}: Spark already started a later attempt of this task, so this one's JVM side "
                              "is gone; it stands down without sending anything", by_retry=True)
         # at_least_once: an earlier attempt of this partition still sending from a live Python worker here (Spark does

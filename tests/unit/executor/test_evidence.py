@@ -97,6 +97,16 @@ def test_an_attempt_in_both_tiers_is_one_prior_done_if_either_says_so():
         (None, DONE, 3, "r0", False, 4, 0)  # known to the proof topic only: on another host, or its WAL lost
 
 
+def test_an_attempt_known_only_to_exist_proves_nothing():
+    local = [prior_of(info("w/1/a", state=LOGGED), 40)]
+    remote = [RemoteAttempt("a", 1, "r1", True, 0, False, task_attempt_id=7, proven=False),
+              RemoteAttempt("b", 1, "r1", True, 0, False, task_attempt_id=9, proven=False)]
+    merged = {p.name: p for p in merge(local, remote)}
+    assert merged["a"] == local[0]  # its WAL entry stands as it is
+    b = merged["b"]
+    assert (b.state, b.in_kafka, b.proven, b.records, b.task_attempt_id) == (OPEN, False, False, 0, 9)
+
+
 def test_the_full_evidence_adds_the_proof_topic_and_other_runs_markers_where_an_exactly_once_rerun_needs_them():
     wal = Wal([info("w/2/x", partition=2, run="r1"), info("w/3/y", partition=3, run="r2")])
     remote = Remote(found=[RemoteAttempt("own", 1, "r2", True, 0, False),

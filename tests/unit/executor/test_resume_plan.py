@@ -96,6 +96,18 @@ def test_an_attempt_finds_a_later_task_attempt_of_its_own_run_and_stands_down_wh
     assert isinstance(plan, rp.StandDown) and plan.by_retry
 
 
+def test_an_exactly_once_attempt_resumed_after_a_later_one_committed_and_its_marker_expired_stands_down():
+    """A Python worker paused past the brokers' offsets retention: the later attempt (on another host) committed the
+    partition, its marker is gone, so opening the transaction finds nothing; the later attempt's chunks in the proof
+    topic, committed or not, say it exists (the model found this sending the partition twice)."""
+    seen = rp.Prior(name="b", partition=1, run="run-1", state=OPEN, exactly_once=True, task_attempt_id=9)
+    plan = rp.plan(rp.Evidence(_task(1, "run-1", seq=4, tid=2, exactly_once=True), priors=(seen,)))
+    assert isinstance(plan, rp.StandDown) and plan.by_retry
+    earlier = replace(seen, task_attempt_id=1)  # the later attempt finds the earlier one: it is the retry, and sends
+    assert isinstance(rp.plan(rp.Evidence(_task(1, "run-1", seq=4, tid=2, exactly_once=True), priors=(earlier,))),
+                      rp.Send)
+
+
 def test_another_runs_proof_counts_whichever_run_began_first():
     done = _prior("a", 3, "run-9", seq=1, sending=False, state=DONE)
     plan = rp.plan(rp.Evidence(_task(0, "run-1", seq=2), priors=(done,)))

@@ -25,3 +25,16 @@ def test_a_micro_batch_releases_the_earlier_ones_live_proof_only():
     for offset, (key, v) in enumerate(log):
         view.first_pass(offset, key, v)
     assert list(view.older) == [(0, chunk_key(6, 0)), (1, chunk_key(6, 1)), (1, chunk_key(6, 1, 1))]
+
+
+def test_this_tasks_other_attempts_are_known_from_any_chunk_of_theirs_committed_or_not():
+    """An exactly_once chunk past the run's open transactions is no proof (it may be aborted), but it shows that its
+    attempt exists: with a later task attempt id, this attempt is superseded."""
+    value = encode_chunk(Chunk((ChunkSegment(0, 1, b"\x01", os.urandom(DIGEST_SIZE)),), task_attempt_id=9))
+    log = [ChunkKey("w", "w", "r", 1, "other-partition", True, 0).encode(),  # X: the run's other partition
+           ChunkKey("w", "w", "r", 0, "later", True, 0).encode(),
+           ChunkKey("w", "w", "r0", 0, "other-run", True, 0).encode()]
+    view = ProofView(scope="w", write_id="w", run="r", partition=0)
+    for offset, key in enumerate(log):
+        view.first_pass(offset, key, value)
+    assert view.siblings == {"later": 9} and view.attempts == {}
