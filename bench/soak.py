@@ -6,8 +6,10 @@ anonymous memory, open files and threads (the largest worker's), the driver's RS
 live attempts, the transactional ids and marker groups on the brokers, the read_committed lag (records written but
 not yet visible to a read_committed reader), and the query's proof topic's bytes on the brokers' disks (what
 compaction frees shows there, not in its offsets). Each query's proof topic is made before it starts, with the
-sink's settings but segments of SOAK_PROOF_SEGMENT_MS (a minute; the sink's own roll every hour or 64 MiB), so that
-compaction shows within the soak: released proof must not accumulate.
+sink's settings but segments of SOAK_PROOF_SEGMENT_MS (a minute; the sink's own roll every hour or 64 MiB) and
+tombstones kept SOAK_PROOF_TOMBSTONE_MS (a minute; the sink's own, an hour), so that compaction shows within the soak:
+released proof must not accumulate. (With the sink's settings the topic grows for an hour, by the releases'
+tombstones, then stays flat.)
 
 At the end each query is stopped between micro-batches and checked: the committed micro-batches (from the
 sink's summary lines) hold rows 0..N-1; under exactly_once a read_committed reader must see each once, under
@@ -15,7 +17,7 @@ at_least_once at least once. Each series' growth per hour after warm-up goes to 
 series to build/soak/results.png. Then ``bench.sizes`` (cost over size) adds its section.
 
     make soak                      # SOAK_MINUTES=30 SOAK_RATE=1000 SOAK_FAULT_EVERY_S=180 SOAK_SAMPLE_S=60
-                                   # SOAK_PROOF_SEGMENT_MS=60000
+                                   # SOAK_PROOF_SEGMENT_MS=60000 SOAK_PROOF_TOMBSTONE_MS=60000
 """
 
 from __future__ import annotations
@@ -105,14 +107,14 @@ def _proof_topic(q: Query) -> str:
     return f"{q.prefix}proof"
 
 
-def _make_proof_topic(cluster: KafkaCluster, q: Query, segment_ms: int) -> None:
+def _make_proof_topic(cluster: KafkaCluster, q: Query, segment_ms: int, tombstones_ms: int) -> None:
     from recoverable_sink.options import parse_options
     from recoverable_sink.proof.topic import topic_configs
 
     options = parse_options({"kafka.bootstrap.servers": cluster.bootstrap_servers, "topic": q.topic,
                              "transactional.id.prefix": q.prefix})
     assert options.proof is not None
-    config = {**topic_configs(options.proof), "segment.ms": str(segment_ms)}
+    config = {**topic_configs(options.proof), "segment.ms": str(segment_ms), "delete.retention.ms": str(tombstones_ms)}
     cluster.create_topic(_proof_topic(q), options.proof.partitions, config=config)
 
 
@@ -245,7 +247,8 @@ def main() -> int:
                 str(d / "summary.jsonl"), "--stop-file", str(d / "stop"), "--option", f"delivery.guarantee={mode}",
                 "--option", f"transactional.id.prefix={prefix}"]
         queries.append(Query(mode, d, topic, prefix, args))
-        _make_proof_topic(cluster, queries[-1], int(os.environ.get("SOAK_PROOF_SEGMENT_MS", "60000")))
+        _make_proof_topic(cluster, queries[-1], int(os.environ.get("SOAK_PROOF_SEGMENT_MS", "60000")),
+                          int(os.environ.get("SOAK_PROOF_TOMBSTONE_MS", "60000")))
     faults: list[dict[str, Any]] = []
     try:
         for q in queries:
