@@ -85,8 +85,9 @@ class ProofView:
     truncated: bool = False  # retention deleted records where the write's proof was to start
     # (partition, key) of earlier micro-batches' live proof, in the log's order (a dict: a later tombstone drops one)
     older: dict[tuple[int, bytes], None] = field(default_factory=dict)
-    # This task's attempts in this run (same write, run and partition) by name, with Spark's task attempt id, from any
-    # chunk of theirs, committed or not: a later one means this attempt is superseded, whatever became of it.
+    # This task's exactly_once attempts in this run (same write, run and partition) by name, with Spark's task attempt
+    # id, from any chunk of theirs, committed or not: a later one means this attempt is superseded, whatever became of
+    # it. (at_least_once attempts are in ``attempts`` with theirs.)
     siblings: dict[str, int | None] = field(default_factory=dict)
     needs_committed: bool = False  # the first pass saw transactional records of other runs below X
     records_read: int = 0  # what reading it cost: records and bytes (keys and values) over both passes
@@ -135,7 +136,7 @@ class ProofView:
             self.own_run_from = offset
         if key.write_id != self.write_id or value is None:
             return
-        if own and key.partition == self.partition and isinstance(key, ChunkKey):
+        if own and key.partition == self.partition and isinstance(key, ChunkKey) and key.exactly_once:
             found = decode_chunk(value)
             if found is not None and (key.attempt not in self.siblings or found.task_attempt_id is not None):
                 self.siblings[key.attempt] = found.task_attempt_id
