@@ -159,6 +159,15 @@ def encode_chunk(chunk: Chunk) -> bytes:
     return b"".join(out)
 
 
+def chunk_task_attempt_id(value: bytes) -> tuple[bool, int | None]:
+    """From a chunk's header alone: whether this version reads it, and the task attempt id it names (None: none)."""
+    try:
+        version, _flags, tid, _batch, _n = _HEAD.unpack_from(value, 0)
+    except struct.error:
+        return False, None
+    return version == VERSION, None if tid < 0 else tid
+
+
 def decode_chunk(value: bytes) -> Chunk | None:
     """A chunk's value, or None where it is not one this version reads (a newer version's is skipped, never
     misread)."""

@@ -21,6 +21,7 @@ from recoverable_sink.proof.format import (
     ChunkSegment,
     ClaimKey,
     MarkerKey,
+    chunk_task_attempt_id,
     decode_chunk,
     decode_claims,
     parse_key,
@@ -137,9 +138,9 @@ class ProofView:
         if key.write_id != self.write_id or value is None:
             return
         if own and key.partition == self.partition and isinstance(key, ChunkKey) and key.exactly_once:
-            found = decode_chunk(value)
-            if found is not None and (key.attempt not in self.siblings or found.task_attempt_id is not None):
-                self.siblings[key.attempt] = found.task_attempt_id
+            readable, tid = chunk_task_attempt_id(value)  # the header only: these chunks prove nothing here
+            if readable and (key.attempt not in self.siblings or tid is not None):
+                self.siblings[key.attempt] = tid
         if isinstance(key, ClaimKey):
             if own:
                 copies = decode_claims(value)

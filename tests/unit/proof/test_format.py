@@ -6,7 +6,14 @@ from __future__ import annotations
 import os
 
 from recoverable_sink.identity import DIGEST_SIZE
-from recoverable_sink.proof.format import Chunk, ChunkSegment, acked_digests, decode_chunk, encode_chunk
+from recoverable_sink.proof.format import (
+    Chunk,
+    ChunkSegment,
+    acked_digests,
+    chunk_task_attempt_id,
+    decode_chunk,
+    encode_chunk,
+)
 
 
 def test_only_the_acknowledged_records_digests_are_kept_in_order():
@@ -33,4 +40,5 @@ def test_a_value_that_does_not_add_up_is_skipped_not_misread():
     value = encode_chunk(chunk)
     assert decode_chunk(value[:-1]) is None  # a digest short
     assert decode_chunk(bytes([99]) + value[1:]) is None  # another version's
-
+    assert chunk_task_attempt_id(value) == (True, None) and chunk_task_attempt_id(bytes([99]) + value[1:])[0] is False
+    assert chunk_task_attempt_id(encode_chunk(Chunk((), task_attempt_id=17))) == (True, 17)
