@@ -87,7 +87,7 @@ def test_file_stream_writes_every_record_once(spark, kafka, new_topic, tmp_path)
     assert all(a.state == "done" for a in wal.attempts()) and wal.stats().payload_bytes == 0
     # In Kafka too: each earlier micro-batch's proof released once, by the next one's tasks (taking tombstones for
     # proof to release, each micro-batch used to tombstone every earlier key again), the last one's live.
-    released: dict[int, list[int]] = {}
+    released: dict[int | None, list[bool]] = {}  # micro-batch -> tombstone?, per chunk record
     for r in read_topic(kafka.bootstrap_servers, "recoverable-kafka-proof", 60):
         key = parse_key(r["key"])
         if isinstance(key, ChunkKey) and key.scope == query.id:

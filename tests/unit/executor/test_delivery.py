@@ -64,6 +64,15 @@ def transactional(txn: RecordingTransaction, markers=None) -> Transactional:
     return Transactional(OPTIONS, IDENT, 12.5, txn, markers)
 
 
+def opened(txn: RecordingTransaction, sends: int = 0) -> Transactional:
+    """The mode opened on ``txn``, then told ``sends`` times that records are about to be sent."""
+    mode = transactional(txn)
+    mode.open("t")
+    for _ in range(sends):
+        mode.before_send()
+    return mode
+
+
 def test_opening_hands_over_the_transactions_producer_the_partitions_marker_and_its_latest_micro_batch():
     txn = RecordingTransaction(found=MARKER, latest_batch=7)
     opened = transactional(txn).open("t")
@@ -73,50 +82,35 @@ def test_opening_hands_over_the_transactions_producer_the_partitions_marker_and_
 
 def test_sending_begins_a_transaction_only_where_opening_began_none():
     fresh = RecordingTransaction()
-    mode = transactional(fresh)
-    mode.open("t")
-    mode.before_send()
-    mode.before_send()
+    opened(fresh, sends=2)
     assert fresh.calls == ["open t", "sending", "sending"]
     committed = RecordingTransaction(found=MARKER)  # the partition is committed: an attempt that sends what it lacks
-    mode = transactional(committed)
-    mode.open("t")
-    mode.before_send()
-    mode.before_send()
+    opened(committed, sends=2)
     assert committed.calls == ["open t", "begin", "sending", "sending"]
 
 
 def test_finishing_commits_with_the_marker_within_the_commit_wait_then_closes():
     txn = RecordingTransaction()
-    mode = transactional(txn)
-    mode.open("t")
-    mode.before_send()
-    assert mode.finish(Commit(MARKER, produced=True)) is True
+    assert opened(txn, sends=1).finish(Commit(MARKER, produced=True)) is True
     assert txn.calls[-2:] == ["commit 10 within 12.5", "close"]
 
 
 @pytest.mark.parametrize("commit", [Commit(None, produced=True), Commit(MARKER, produced=False)])
 def test_finishing_an_attempt_that_sent_nothing_aborts_and_commits_no_new_marker(commit):
     txn = RecordingTransaction()
-    mode = transactional(txn)
-    mode.open("t")
-    assert mode.finish(commit) is False
+    assert opened(txn).finish(commit) is False
     assert "abort" in txn.calls and not any(c.startswith("commit") for c in txn.calls)
 
 
 def test_finishing_a_skipped_partition_only_closes():
     txn = RecordingTransaction(found=MARKER)
-    mode = transactional(txn)
-    mode.open("t")
-    assert mode.finish(None) is False
+    assert opened(txn).finish(None) is False
     assert txn.calls == ["open t", "close"]
 
 
 def test_an_abort_aborts_the_transaction_whatever_kafka_acknowledged():
     txn = RecordingTransaction()
-    mode = transactional(txn)
-    mode.open("t")
-    mode.before_send()
+    mode = opened(txn, sends=1)
     mode.abort()
     assert txn.calls[-1] == "abort" and mode.waits_on_abort is False
 
